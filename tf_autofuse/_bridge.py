@@ -1,0 +1,61 @@
+"""What the C++ Grappler bridge calls for every graph that may hold a fusion.
+
+`optimize` gets the serialized GraphDef, the nodes Grappler must preserve, the fed nodes,
+statically inferred shapes and the session's parameter_map, and returns the rewritten
+GraphDef's bytes, or None for "leave the graph as it is". It never raises: any failure
+becomes one AutofuseWarning and the graph runs unfused (invariant 3 of DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from tensorflow.core.framework import graph_pb2
+
+from . import debug, rewriter
+from ._warn import warn_once
+from .flags import Flags
+
+_process_flags = Flags()
+
+
+def configure(flags: Flags) -> None:
+    """Set the flags read from the environment at import."""
+    global _process_flags
+    _process_flags = flags
+
+
+def process_flags() -> Flags:
+    return _process_flags
+
+
+def effective_flags(params: dict, source: str) -> Flags:
+    """Process flags, then the session's parameter_map on top.
+
+    A session that names AutofuseOptimizer in its custom_optimizers asks for fusion, so there
+    enable_autofuse defaults to true; the CPU plugin runs only when the flags enabled it.
+    """
+    flags = _process_flags
+    if source == "custom_optimizer":
+        params = {"enable_autofuse": "true", **params}
+    return flags.with_overrides(params, source="AutofuseOptimizer parameter_map")
+
+
+def optimize(graph_bytes: bytes, preserve, feeds, shapes, params, source: str):
+    try:
+        flags = effective_flags(dict(params), source)
+        if not flags.enable_autofuse or flags.max_fusion_size == 0:
+            return None
+        graph_def = graph_pb2.GraphDef.FromString(graph_bytes)
+        result = rewriter.rewrite(graph_def, preserve=preserve, flags=flags, shapes=shapes,
+                                  feeds=feeds)
+        if flags.codegen_compile_debug:
+            debug.dump(flags.debug_dir, graph_def, result)
+        if not result.fusions:
+            return None
+        return result.graph_def.SerializeToString(deterministic=True)
+    except Exception as err:  # noqa: BLE001 - the pass must never break a session
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        warn_once(f"the fusion pass failed and this graph runs unfused: "
+                  f"{type(err).__name__}: {err} (at {where.filename}:{where.lineno})")
+        return None

@@ -1,0 +1,153 @@
+"""Build the C++ library (op, CPU kernel, Grappler bridge) against the installed TensorFlow.
+
+The library is compiled on first import with the flags `tf.sysconfig` gives, and cached
+under a key that covers everything it depends on: the sources, the TensorFlow version and
+flags, the compiler, the Python version and the CPU's instruction-set flags (the kernel is
+built with -march=native). A later import with the same key loads it in milliseconds; a new
+TensorFlow, compiler or source edit builds it again. Builds are serialised by a file lock
+and land atomically, so concurrent imports are safe.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parent / "cc"
+CACHE_ENV = "TF_AUTOFUSE_CACHE_DIR"
+_OPT_FLAGS = ["-O3", "-march=native", "-fPIC", "-fvisibility-inlines-hidden",
+              "-Wno-deprecated-declarations", "-Wno-ignored-attributes"]
+
+
+class BuildError(RuntimeError):
+    """The kernel library could not be built; the message says what to install or fix."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "tf_autofuse"
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx or not shutil.which(cxx):
+        raise BuildError(
+            "tf_autofuse builds its kernel library on first import and needs a C++17 compiler, "
+            "but none was found (looked for $CXX, g++, c++). Install one, e.g. "
+            "`apt-get install g++`, or set CXX to its path.")
+    return cxx
+
+
+def _compiler_version(cxx: str) -> str:
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                              check=True).stdout.splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError) as err:
+        raise BuildError(f"the C++ compiler {cxx!r} does not run: {err}") from None
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in SOURCE_DIR.iterdir() if p.suffix in (".cc", ".h"))
+
+
+def _tf_flags() -> tuple[list[str], list[str], str]:
+    import tensorflow as tf
+
+    return (list(tf.sysconfig.get_compile_flags()), list(tf.sysconfig.get_link_flags()),
+            tf.__version__)
+
+
+def build_key(cxx: str, compile_flags: list[str], link_flags: list[str], tf_version: str) -> str:
+    digest = hashlib.sha256()
+    for part in (tf_version, sys.version, _compiler_version(cxx), " ".join(compile_flags),
+                 " ".join(link_flags), " ".join(_OPT_FLAGS), _cpu_flags()):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    for path in _sources():
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], out: Path) -> None:
+    include = sysconfig.get_paths()["include"]
+    sources = [p for p in _sources() if p.suffix == ".cc"]
+    objects = []
+    jobs = []
+    for src in sources:
+        obj = out.with_name(src.stem + ".o")
+        objects.append(obj)
+        cmd = [cxx, *compile_flags, *_OPT_FLAGS, f"-I{include}", "-c", str(src), "-o", str(obj)]
+        jobs.append((src, cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, text=True)))
+        # at most os.cpu_count() compilers at once
+        while sum(p.poll() is None for _, _, p in jobs) >= (os.cpu_count() or 1):
+            time.sleep(0.05)
+    for src, cmd, proc in jobs:
+        log, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise BuildError(f"compiling {src.name} failed:\n  {' '.join(cmd)}\n{log}")
+    cmd = [cxx, "-shared", *map(str, objects), "-o", str(out), *link_flags]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"linking the kernel library failed:\n  {' '.join(cmd)}\n{proc.stdout}")
+
+
+def library_path(verbose: bool = True) -> Path:
+    """Path of the built library, building it first when the cache has none for this key."""
+    cxx = _compiler()
+    compile_flags, link_flags, tf_version = _tf_flags()
+    key = build_key(cxx, compile_flags, link_flags, tf_version)
+    root = cache_dir()
+    target = root / f"libtf_autofuse_{key}.so"
+    if target.exists():
+        return target
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / f"build_{key}.lock", "w")
+    except OSError as err:
+        raise BuildError(
+            f"cannot write the kernel cache directory {root}: {err}. "
+            f"Set {CACHE_ENV} to a writable directory.") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # another process built it while we waited
+            return target
+        if verbose:
+            print(f"tf_autofuse: building the kernel library for TensorFlow {tf_version} "
+                  f"(first import, about a minute) into {root} ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(dir=root) as tmp:
+            staged = Path(tmp) / target.name
+            _compile(cxx, compile_flags, link_flags, staged)
+            os.replace(staged, target)
+        if verbose:
+            print(f"tf_autofuse: built in {time.monotonic() - started:.0f} s", file=sys.stderr,
+                  flush=True)
+    return target
+
+
+if __name__ == "__main__":
+    print(library_path())

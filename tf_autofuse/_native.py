@@ -1,0 +1,47 @@
+"""Load the C++ library once: the AutofuseKernel op, its CPU kernel and the Grappler bridge.
+
+`load()` returns the op module (`tf.load_op_library`), whose `autofuse_kernel` function
+runs a fused program eagerly or adds the op to a graph. `register_cpu_plugin()` makes the
+bridge TensorFlow's CPU plugin optimizer, so that every graph of the process is fused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from . import _build
+
+_lock = threading.Lock()
+_module = None
+_cdll = None
+
+
+def load():
+    """The op module; builds the library on first use. Raises _build.BuildError."""
+    global _module, _cdll
+    with _lock:
+        if _module is None:
+            import tensorflow as tf
+
+            from .rewriter import catalog
+
+            path = _build.library_path()
+            module = tf.load_op_library(str(path))
+            cdll = ctypes.CDLL(str(path))
+            # The bridge skips graphs holding none of these op types without calling Python.
+            names = ",".join(sorted(catalog.candidate_op_types()))
+            cdll.autofuse_set_candidate_ops(names.encode())
+            _module, _cdll = module, cdll
+        return _module
+
+
+def register_cpu_plugin() -> str:
+    """Register the bridge as the CPU plugin optimizer.
+
+    Returns "registered", "already registered" or "taken" (another CPU plugin, e.g. Intel's
+    extension, holds the only slot; TensorFlow would abort the process on a second one).
+    """
+    load()
+    code = _cdll.autofuse_register_cpu_plugin()
+    return {0: "registered", 1: "already registered", 2: "taken"}[code]

@@ -1,0 +1,140 @@
+"""The two flag strings users set: AUTOFUSE_FLAGS and AUTOFUSE_DFX_FLAGS.
+
+Both are `--key=value` items separated by `;`, e.g.
+`AUTOFUSE_FLAGS="--enable_autofuse=true;--max_fusion_size=32"`.
+Every key is declared once in `_SPECS` below, with its parser, default and help; an
+unknown key, a repeated key, an empty or malformed value is a `FlagError` that names the
+key and what it accepts. Nothing falls back to a default silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Mapping
+
+FLAGS_ENV = "AUTOFUSE_FLAGS"
+DFX_FLAGS_ENV = "AUTOFUSE_DFX_FLAGS"
+
+
+class FlagError(ValueError):
+    """A flag string that cannot be read. The message names the variable and the key."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise ValueError
+
+
+def _parse_count(text: str) -> int:
+    text = text.strip()
+    if not text.isdigit():
+        raise ValueError
+    return int(text)
+
+
+def _parse_path(text: str) -> str:
+    if not text.strip():
+        raise ValueError
+    return text.strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    env: str
+    parse: Callable[[str], object]
+    accepted: str
+    default: object
+    help: str
+
+
+_SPECS: dict[str, _Spec] = {
+    "enable_autofuse": _Spec(
+        FLAGS_ENV, _parse_bool, "true or false", False,
+        "turn fusion on for every graph in the process"),
+    "max_fusion_size": _Spec(
+        FLAGS_ENV, _parse_count, "an integer >= 0", 64,
+        "most compute ops in one fused kernel; 0 turns fusion off"),
+    "codegen_compile_debug": _Spec(
+        DFX_FLAGS_ENV, _parse_bool, "true or false", False,
+        "dump each graph before and after the pass, and every fused program, into --debug_dir"),
+    "debug_dir": _Spec(
+        DFX_FLAGS_ENV, _parse_path, "a directory path", "autofuse_debug",
+        "where --codegen_compile_debug writes its files"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flags:
+    enable_autofuse: bool = False
+    max_fusion_size: int = 64
+    codegen_compile_debug: bool = False
+    debug_dir: str = "autofuse_debug"
+
+    def with_overrides(self, overrides: Mapping[str, str], source: str) -> "Flags":
+        """Flags with `overrides` (key -> text value, as a ConfigProto parameter_map gives them)."""
+        values = {}
+        for key, text in overrides.items():
+            spec = _spec_for(key, source)
+            values[key] = _parse_value(key, text, spec, source)
+        return dataclasses.replace(self, **values)
+
+
+def describe() -> str:
+    """One line a flag, for error messages and the README."""
+    lines = []
+    for key, spec in _SPECS.items():
+        lines.append(f"  {spec.env}: --{key}=<{spec.accepted}> (default {spec.default!r}): {spec.help}")
+    return "\n".join(lines)
+
+
+def _spec_for(key: str, source: str) -> _Spec:
+    spec = _SPECS.get(key)
+    if spec is None:
+        known = ", ".join(f"--{k}" for k in _SPECS)
+        raise FlagError(f"{source}: unknown key --{key}; known keys: {known}")
+    return spec
+
+
+def _parse_value(key: str, text: str, spec: _Spec, source: str) -> object:
+    if text is None or not str(text).strip():
+        raise FlagError(f"{source}: --{key} has an empty value; it accepts {spec.accepted}")
+    try:
+        return spec.parse(str(text))
+    except ValueError:
+        raise FlagError(
+            f"{source}: --{key}={text!r} is not valid; it accepts {spec.accepted}") from None
+
+
+def parse_items(text: str, env: str) -> dict[str, object]:
+    """Parse one flag string of variable `env` into {key: value}."""
+    values: dict[str, object] = {}
+    for raw in text.split(";"):
+        item = raw.strip()
+        if not item:
+            continue
+        if not item.startswith("--") or "=" not in item:
+            raise FlagError(
+                f"{env}: {item!r} is not of the form --key=value (items are separated by ';')")
+        key, _, value = item[2:].partition("=")
+        key = key.strip()
+        spec = _spec_for(key, env)
+        if spec.env != env:
+            raise FlagError(f"{env}: --{key} belongs in {spec.env}, not {env}")
+        if key in values:
+            raise FlagError(f"{env}: --{key} is given more than once")
+        values[key] = _parse_value(key, value, spec, env)
+    return values
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Flags:
+    """Read AUTOFUSE_FLAGS and AUTOFUSE_DFX_FLAGS. Raises FlagError on any bad item."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for env in (FLAGS_ENV, DFX_FLAGS_ENV):
+        values.update(parse_items(environ.get(env, ""), env))
+    return Flags(**values)
