@@ -1,0 +1,951 @@
+"""The pure-Python rewriter (tf_autofuse.rewriter), Grappler-remapper style.
+
+Graphs are built by hand (NodeDef protos) or with tf.Graph; the tests assert the structure
+of the rewritten GraphDef (fused nodes, names, inputs, program text, refusals) and, when the
+AutofuseKernel op library is available, run the original and the rewritten graph.
+"""
+
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
+from tensorflow.core.protobuf import rewriter_config_pb2
+from tensorflow.python.framework import op_def_registry
+
+from tf_autofuse import rewriter
+from tf_autofuse.rewriter import catalog, graph as graph_mod, naming, partition
+from tf_autofuse.rewriter import program as ir
+
+tf1 = tf.compat.v1
+F16, F32, F64 = types_pb2.DT_HALF, types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE
+I32, I64 = types_pb2.DT_INT32, types_pb2.DT_INT64
+CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
+GPU0 = "/job:localhost/replica:0/task:0/device:GPU:0"
+ABS_RELU_EXP = "in0: f16[128,192]\n%0 = Abs in0\n%1 = Relu %0\n%2 = Exp %1\nout0 = %2\n"
+ABS_RELU_EXP_NAME = "autofuse_pointwise_0_Abs_Relu_Exp"
+
+
+# --- graph building helpers -------------------------------------------------------------------
+
+
+def node(name, op, inputs=(), dtype=F32, device="", **attrs):
+    n = node_def_pb2.NodeDef(name=name, op=op, device=device)
+    n.input.extend(inputs)
+    if dtype is not None:
+        n.attr["T"].type = dtype
+    for key, value in attrs.items():
+        if key == "op_names":
+            n.attr[key].list.s.extend(v.encode() for v in value)
+        elif key == "_output_shapes":
+            for shape in value:
+                proto = n.attr[key].list.shape.add()
+                for d in shape:
+                    proto.dim.add().size = d
+        else:
+            raise ValueError(key)
+    return n
+
+
+def placeholder(name, dtype=F32, shape=(4, 3), device=""):
+    n = node_def_pb2.NodeDef(name=name, op="Placeholder", device=device)
+    n.attr["dtype"].type = dtype
+    if shape is None:
+        n.attr["shape"].shape.unknown_rank = True
+    else:
+        for d in shape:
+            n.attr["shape"].shape.dim.add().size = d
+    return n
+
+
+def const(name, value, dtype=tf.float32):
+    n = node_def_pb2.NodeDef(name=name, op="Const")
+    n.attr["dtype"].type = dtype.as_datatype_enum
+    n.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.asarray(value), dtype))
+    return n
+
+
+def graph(*nodes):
+    g = graph_pb2.GraphDef()
+    g.node.extend(nodes)
+    return g
+
+
+def chain(ops, dtype=F32, shape=(4, 3), device="", source="x"):
+    """x -> ops[0] -> ops[1] ...; node names are the op types."""
+    nodes = [placeholder(source, dtype, shape, device)]
+    previous = source
+    for op in ops:
+        nodes.append(node(op, op, [previous], dtype, device))
+        previous = op
+    return nodes
+
+
+def by_name(graph_def):
+    return {n.name: n for n in graph_def.node}
+
+
+def fused_nodes(graph_def):
+    return [n for n in graph_def.node if n.op == "AutofuseKernel"]
+
+
+def program_of(n):
+    return n.attr["program"].s.decode()
+
+
+def op_types(graph_def):
+    return sorted(n.op for n in graph_def.node)
+
+
+def serialized(graph_def):
+    return graph_def.SerializeToString(deterministic=True)
+
+
+def flags(max_fusion_size):
+    return types.SimpleNamespace(max_fusion_size=max_fusion_size)
+
+
+# --- the abs / relu / exp chain ----------------------------------------------------------------
+
+
+def test_abs_relu_exp_chain_becomes_one_node():
+    g = graph(*chain(["Abs", "Relu", "Exp"], F16, (128, 192)), node("out", "Identity", ["Exp"], F16))
+    result = rewriter.rewrite(g, preserve=["out"])
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == ABS_RELU_EXP_NAME
+    assert program_of(fused) == ABS_RELU_EXP
+    assert list(fused.input) == ["x"]
+    assert list(fused.attr["Tin"].list.type) == [F16]
+    assert list(fused.attr["Tout"].list.type) == [F16]
+    assert list(by_name(result.graph_def)["out"].input) == [ABS_RELU_EXP_NAME]
+    assert op_types(result.graph_def) == ["AutofuseKernel", "Identity", "Placeholder"]
+    (fusion,) = result.fusions
+    assert fusion.name == ABS_RELU_EXP_NAME and fusion.kind == "pointwise"
+    assert fusion.nodes == ("Abs", "Relu", "Exp")
+    assert fusion.op_types == ("Abs", "Relu", "Exp")
+    assert fusion.program == ABS_RELU_EXP
+
+
+def test_unary_ops_composition_reads_as_the_chain():
+    composed = node("Exp", "_UnaryOpsComposition", ["x"], F16, op_names=["Abs", "Relu", "Exp"])
+    g = graph(placeholder("x", F16, (128, 192)), composed)
+    result = rewriter.rewrite(g, preserve=["Exp"])
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == ABS_RELU_EXP_NAME
+    assert program_of(fused) == ABS_RELU_EXP
+    assert result.fusions[0].op_types == ("Abs", "Relu", "Exp")
+    identity = by_name(result.graph_def)["Exp"]
+    assert identity.op == "Identity" and list(identity.input) == [ABS_RELU_EXP_NAME]
+    assert "_UnaryOpsComposition" not in op_types(result.graph_def)
+
+
+def test_abs_relu_exp_built_with_tf_graph():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float16, [128, 192], name="x")
+        tf.exp(tf.nn.relu(tf.abs(x)), name="y")
+    result = rewriter.rewrite(g.as_graph_def(), preserve=["y"])
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == ABS_RELU_EXP_NAME
+    assert program_of(fused) == ABS_RELU_EXP
+    nodes = by_name(result.graph_def)
+    assert set(nodes) == {"x", ABS_RELU_EXP_NAME, "y"}
+    assert nodes["y"].op == "Identity"
+
+
+def test_composition_with_an_unsupported_op_is_left_alone():
+    composed = node("c", "_UnaryOpsComposition", ["x"], F32, op_names=["Abs", "Acos"])
+    g = graph(placeholder("x"), composed, node("Exp", "Exp", ["c"]))
+    result = rewriter.rewrite(g)
+    assert not result.fusions
+    assert ("c", "Acos in op_names is not a supported unary op") in result.refusals
+
+
+def test_composition_and_plain_ops_fuse_together():
+    composed = node("c", "_UnaryOpsComposition", ["x"], op_names=["Abs", "Relu"])
+    g = graph(placeholder("x"), composed, node("e", "Exp", ["c"]))
+    groups, refusals = partition.find_groups(graph_mod.GraphView(g))
+    assert [(gr.members, gr.size, gr.dtype, gr.device) for gr in groups] == [(["c", "e"], 3, F32, "")]
+    assert refusals == []
+    (fusion,) = rewriter.rewrite(g, preserve=["e"]).fusions
+    assert fusion.name == "autofuse_pointwise_0_Abs_Relu_Exp"
+    assert fusion.program == "in0: f32[4,3]\n%0 = Abs in0\n%1 = Relu %0\n%2 = Exp %1\nout0 = %2\n"
+
+
+# --- binary ops --------------------------------------------------------------------------------
+
+
+def test_binary_same_shape_ops_fuse_with_every_input_once():
+    g = graph(
+        placeholder("x", F32, (8, 16)),
+        placeholder("y", F32, (8, 16)),
+        node("add", "AddV2", ["x", "y"]),
+        node("mul", "Mul", ["add", "y"]),
+        node("max", "Maximum", ["mul", "x"]),
+        node("div", "RealDiv", ["max", "y"]),
+    )
+    result = rewriter.rewrite(g, preserve=["div"])
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == "autofuse_pointwise_0_AddV2_Mul_Maximum_RealDiv"
+    assert list(fused.input) == ["x", "y"]
+    assert program_of(fused) == (
+        "in0: f32[8,16]\nin1: f32[8,16]\n"
+        "%0 = Add in0, in1\n%1 = Mul %0, in1\n%2 = Maximum %1, in0\n%3 = Div %2, in1\n"
+        "out0 = %3\n"
+    )
+    assert list(fused.attr["Tin"].list.type) == [F32, F32]
+
+
+def test_binary_with_shapes_not_known_equal_is_refused():
+    g = graph(
+        placeholder("x", F32, (-1, 3)),
+        placeholder("y", F32, (4, 3)),
+        node("a", "Abs", ["x"]),
+        node("add", "AddV2", ["a", "y"]),
+        node("e", "Exp", ["add"]),
+    )
+    result = rewriter.rewrite(g)
+    assert ("add", "shapes [?,3] and [4,3] not known equal") in result.refusals
+    assert not result.fusions
+
+
+def test_binary_shapes_from_the_caller_and_from_output_shapes_attr():
+    g = graph(
+        placeholder("x", F32, None),
+        placeholder("y", F32, None),
+        node("add", "AddV2", ["x", "y"]),
+        node("e", "Exp", ["add"]),
+    )
+    assert not rewriter.rewrite(g).fusions
+    shapes = {"x": [(2, 5)], "y": [(2, 5)]}
+    result = rewriter.rewrite(g, shapes=shapes)
+    assert program_of(fused_nodes(result.graph_def)[0]).startswith("in0: f32[2,5]\nin1: f32[2,5]\n")
+    g.node[0].CopyFrom(node("x", "Placeholder", dtype=None, _output_shapes=[(2, 5)]))
+    g.node[0].attr["dtype"].type = F32
+    g.node[1].CopyFrom(node("y", "Placeholder", dtype=None, _output_shapes=[(2, 5)]))
+    g.node[1].attr["dtype"].type = F32
+    assert len(rewriter.rewrite(g).fusions) == 1
+
+
+def test_binary_with_equal_symbolic_sizes_from_the_caller():
+    g = graph(
+        placeholder("x", F32, (-1, 3)),
+        placeholder("y", F32, (-1, 3)),
+        node("add", "AddV2", ["x", "y"]),
+        node("e", "Exp", ["add"]),
+    )
+    result = rewriter.rewrite(g, shapes={"x": [(-2, 3)], "y": [(-2, 3)]})
+    assert program_of(fused_nodes(result.graph_def)[0]).startswith("in0: f32[?,3]\nin1: f32[?,3]\n")
+    result = rewriter.rewrite(g, shapes={"x": [(-2, 3)], "y": [(-3, 3)]})
+    assert ("add", "shapes [?,3] and [?,3] not known equal") in result.refusals
+
+
+def test_shapes_propagate_through_cast():
+    g = graph(
+        placeholder("x", F32, (64, 33)),
+        node("xb", "Cast", ["x"], dtype=None),
+        node("t", "Tanh", ["xb"], types_pb2.DT_BFLOAT16),
+        node("m", "Mul", ["xb", "t"], types_pb2.DT_BFLOAT16),
+        node("s", "Sigmoid", ["m"], types_pb2.DT_BFLOAT16),
+    )
+    g.node[1].attr["DstT"].type = types_pb2.DT_BFLOAT16
+    (fusion,) = rewriter.rewrite(g, preserve=["s"]).fusions
+    assert fusion.program == (
+        "in0: bf16[64,33]\n%0 = Tanh in0\n%1 = Mul in0, %0\n%2 = Sigmoid %1\nout0 = %2\n"
+    )
+
+
+def test_binary_on_one_tensor_needs_no_shape():
+    g = graph(placeholder("x", F32, None), node("sq", "Mul", ["x", "x"]), node("e", "Exp", ["sq"]))
+    (fused,) = fused_nodes(rewriter.optimize(g))
+    assert program_of(fused) == "in0: f32[*]\n%0 = Mul in0, in0\n%1 = Exp %0\nout0 = %1\n"
+
+
+def test_binary_with_a_const_operand():
+    g = graph(
+        placeholder("x", F32, (2, 3)),
+        const("c", np.ones((2, 3), np.float32)),
+        node("m", "Mul", ["x", "c"]),
+        node("t", "Tanh", ["m"]),
+    )
+    (fused,) = fused_nodes(rewriter.optimize(g))
+    assert list(fused.input) == ["x", "c"]
+
+
+def test_diamond_x_times_sigmoid_x():
+    g = graph(
+        placeholder("x", F32, (8, 16)),
+        node("a", "Abs", ["x"]),
+        node("sig", "Sigmoid", ["a"]),
+        node("swish", "Mul", ["a", "sig"]),
+    )
+    result = rewriter.rewrite(g, preserve=["swish"])
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == "autofuse_pointwise_0_Abs_Sigmoid_Mul"
+    assert list(fused.input) == ["x"]
+    assert program_of(fused) == (
+        "in0: f32[8,16]\n%0 = Abs in0\n%1 = Sigmoid %0\n%2 = Mul %0, %1\nout0 = %2\n"
+    )
+
+
+def test_swish_reads_its_input_once():
+    g = graph(placeholder("x", F32, (8,)), node("sig", "Sigmoid", ["x"]), node("m", "Mul", ["x", "sig"]))
+    (fused,) = fused_nodes(rewriter.optimize(g, preserve=["m"]))
+    assert program_of(fused) == "in0: f32[8]\n%0 = Sigmoid in0\n%1 = Mul in0, %0\nout0 = %1\n"
+
+
+# --- several groups, names ---------------------------------------------------------------------
+
+
+def test_two_independent_chains_are_numbered_in_topological_order():
+    g = graph(
+        placeholder("x"),
+        placeholder("y"),
+        node("n1", "Neg", ["y"]),  # the chain from y comes first in the node list
+        node("t1", "Tanh", ["n1"]),
+        node("a1", "Abs", ["x"]),
+        node("e1", "Exp", ["a1"]),
+    )
+    result = rewriter.rewrite(g, preserve=["t1", "e1"])
+    assert [f.name for f in result.fusions] == [
+        "autofuse_pointwise_0_Neg_Tanh",
+        "autofuse_pointwise_1_Abs_Exp",
+    ]
+    names = [n.name for n in fused_nodes(result.graph_def)]
+    assert names == ["autofuse_pointwise_0_Neg_Tanh", "autofuse_pointwise_1_Abs_Exp"]
+
+
+def test_numbering_continues_after_existing_fused_nodes():
+    existing = node("autofuse_pointwise_3_Abs_Exp", "AutofuseKernel", ["x"], dtype=None)
+    taken = node("autofuse_pointwise_4_Neg_Tanh", "NoOp", dtype=None)
+    g = graph(*chain(["Neg", "Tanh"]), existing, taken)
+    (fusion,) = rewriter.rewrite(g).fusions
+    assert fusion.name == "autofuse_pointwise_5_Neg_Tanh"
+
+
+def test_namer_never_reuses_a_name():
+    namer = naming.Namer(["autofuse_pointwise_0_Abs", "other"])
+    assert namer.name("pointwise", ["Abs", "Exp"]) == "autofuse_pointwise_1_Abs_Exp"
+    assert namer.name("pointwise", ["Abs", "Exp"]) == "autofuse_pointwise_2_Abs_Exp"
+    namer = naming.Namer(["autofuse_pointwise_0_Abs_Exp_x"])
+    assert namer.name("pointwise", ["Abs"]) == "autofuse_pointwise_1_Abs"
+
+
+# --- preserve and feeds ------------------------------------------------------------------------
+
+
+def test_preserved_middle_keeps_its_name_and_value():
+    g = graph(*chain(["Abs", "Relu", "Exp"], F16, (128, 192)), node("out", "Identity", ["Exp"], F16))
+    result = rewriter.rewrite(g, preserve=["Relu", "out"])
+    (fused,) = fused_nodes(result.graph_def)
+    assert list(fused.attr["Tout"].list.type) == [F16, F16]
+    assert program_of(fused).endswith("out0 = %1\nout1 = %2\n")
+    nodes = by_name(result.graph_def)
+    relu = nodes["Relu"]
+    assert relu.op == "Identity"
+    assert graph_mod.parse_input(relu.input[0])[:2] == (fused.name, 0)
+    assert relu.attr["T"].type == F16 and relu.device == ""
+    assert graph_mod.parse_input(nodes["out"].input[0])[:2] == (fused.name, 1)
+    assert "Abs" not in nodes and "Exp" not in nodes
+
+
+def test_preserved_identity_copies_the_device():
+    g = graph(*chain(["Abs", "Relu", "Exp"], device=CPU0))
+    result = rewriter.rewrite(g, preserve=["Relu", "Exp"])
+    nodes = by_name(result.graph_def)
+    assert nodes[result.fusions[0].name].device == CPU0
+    assert nodes["Relu"].device == CPU0 and nodes["Exp"].device == CPU0
+
+
+def test_a_fed_middle_splits_the_chain():
+    g = graph(*chain(["Abs", "Sqrt", "Relu", "Exp", "Neg"]))
+    result = rewriter.rewrite(g, preserve=["Neg", "Relu"], feeds=["Relu"])
+    assert [f.nodes for f in result.fusions] == [("Abs", "Sqrt"), ("Exp", "Neg")]
+    nodes = by_name(result.graph_def)
+    assert nodes["Relu"].op == "Relu"
+    assert list(nodes["Relu"].input) == ["autofuse_pointwise_0_Abs_Sqrt"]
+    assert list(nodes["autofuse_pointwise_1_Exp_Neg"].input) == ["Relu"]
+    assert ("Relu", "fed by the caller") in result.refusals
+
+
+def test_feeds_and_preserve_accept_tensor_names():
+    g = graph(*chain(["Abs", "Relu", "Exp"]))
+    result = rewriter.rewrite(g, preserve=["Exp:0"], feeds=["Relu:0"])
+    assert not result.fusions
+
+
+# --- control dependencies ----------------------------------------------------------------------
+
+
+def test_control_inputs_of_members_move_to_the_fused_node():
+    g = graph(
+        placeholder("x"),
+        node("c2", "NoOp", dtype=None),
+        node("c1", "NoOp", dtype=None),
+        node("Abs", "Abs", ["x", "^c2"]),
+        node("Relu", "Relu", ["Abs", "^c1", "^c2"]),
+        node("Exp", "Exp", ["Relu", "^Abs"]),  # inside the group: dropped
+    )
+    (fused,) = fused_nodes(rewriter.optimize(g))
+    assert list(fused.input) == ["x", "^c1", "^c2"]
+
+
+def test_control_edges_out_of_the_group_point_at_the_fused_node():
+    g = graph(
+        *chain(["Abs", "Relu", "Exp"]),
+        node("after", "NoOp", ["^Relu", "^Abs"], dtype=None),
+        node("kept", "NoOp", ["^Exp"], dtype=None),
+    )
+    result = rewriter.rewrite(g, preserve=["Exp"])
+    nodes = by_name(result.graph_def)
+    name = result.fusions[0].name
+    assert list(nodes["after"].input) == ["^" + name]  # two members, one edge
+    assert list(nodes["kept"].input) == ["^Exp"]  # Exp keeps its name as an Identity
+    assert nodes["Exp"].op == "Identity"
+
+
+def test_control_edge_from_a_preserved_member_stays_on_its_identity():
+    g = graph(*chain(["Abs", "Relu", "Exp"]), node("after", "NoOp", ["^Relu"], dtype=None))
+    result = rewriter.rewrite(g, preserve=["Relu", "Exp"])
+    assert list(by_name(result.graph_def)["after"].input) == ["^Relu"]
+
+
+def test_colocation_with_a_removed_member_follows_the_fused_node():
+    after = node("after", "Identity", ["Exp"])
+    after.attr["_class"].list.s.append(b"loc:@Relu")
+    g = graph(*chain(["Abs", "Relu", "Exp"]), after)
+    result = rewriter.rewrite(g, preserve=["after"])
+    assert list(by_name(result.graph_def)["after"].attr["_class"].list.s) == [
+        b"loc:@" + result.fusions[0].name.encode()
+    ]
+
+
+# --- what is not fused -------------------------------------------------------------------------
+
+
+def test_other_device_nodes_are_excluded():
+    nodes = chain(["Abs", "Relu", "Exp", "Neg"])
+    nodes[2].device = GPU0  # Relu
+    result = rewriter.rewrite(graph(*nodes))
+    assert [f.nodes for f in result.fusions] == [("Exp", "Neg")]
+    assert ("Relu", "device GPU") in result.refusals
+
+
+def test_nodes_on_different_cpu_device_strings_do_not_mix():
+    nodes = chain(["Abs", "Relu"])
+    nodes[2].device = CPU0
+    result = rewriter.rewrite(graph(*nodes))
+    assert not result.fusions
+    assert ("Relu", f"device {CPU0!r} differs from '' of Abs's group") in result.refusals
+
+
+def test_unsupported_dtypes_are_excluded():
+    result = rewriter.rewrite(graph(*chain(["Abs", "Neg"], I64)))
+    assert not result.fusions
+    assert ("Abs", "dtype DT_INT64 not supported by Abs") in result.refusals
+
+    result = rewriter.rewrite(graph(*chain(["Abs", "Neg", "Exp"], I32)))
+    assert [f.nodes for f in result.fusions] == [("Abs", "Neg")]
+    assert program_of(fused_nodes(result.graph_def)[0]).startswith("in0: i32[4,3]\n")
+    assert ("Exp", "dtype DT_INT32 not supported by Exp") in result.refusals
+
+
+def test_a_single_op_is_not_fused():
+    g = graph(*chain(["Exp"]))
+    result = rewriter.rewrite(g)
+    assert not result.fusions
+    assert serialized(result.graph_def) == serialized(g)
+    assert result.graph_def is not g
+    assert result.refusals == [("Exp", "no fusible neighbour")]
+
+
+def test_nothing_to_fuse_returns_the_graph_unchanged():
+    g = graph(placeholder("x"), node("i", "Identity", ["x"]))
+    g.versions.producer = 1234
+    g.library.function.add().signature.name = "f"
+    out = rewriter.optimize(g)
+    assert serialized(out) == serialized(g)
+
+
+def test_max_fusion_size_splits_a_long_chain():
+    g = graph(*chain(["Abs", "Neg", "Exp", "Tanh", "Sin"]))
+    result = rewriter.rewrite(g, flags=flags(2), preserve=["Sin"])
+    assert [f.nodes for f in result.fusions] == [("Abs", "Neg"), ("Exp", "Tanh")]
+    nodes = by_name(result.graph_def)
+    assert nodes["Sin"].op == "Sin"
+    assert list(nodes["Sin"].input) == ["autofuse_pointwise_1_Exp_Tanh"]
+    assert ("Exp", "group full (max_fusion_size=2)") in result.refusals
+
+
+def test_max_fusion_size_counts_composition_ops():
+    composed = node("c", "_UnaryOpsComposition", ["x"], op_names=["Abs", "Relu", "Exp"])
+    g = graph(placeholder("x"), composed)
+    result = rewriter.rewrite(g, flags=flags(2))
+    assert not result.fusions
+    assert ("c", "group full (max_fusion_size=2)") in result.refusals
+    assert len(rewriter.rewrite(g, flags=flags(3)).fusions) == 1
+
+
+def test_max_fusion_size_zero_means_no_fusion():
+    g = graph(*chain(["Abs", "Relu", "Exp"]))
+    result = rewriter.rewrite(g, flags=flags(0))
+    assert not result.fusions
+    assert serialized(result.graph_def) == serialized(g)
+
+
+def test_flags_without_max_fusion_size_use_the_default():
+    g = graph(*chain(["Abs", "Relu", "Exp"]))
+    assert len(rewriter.rewrite(g, flags=object()).fusions) == 1
+
+
+def test_fusion_never_creates_a_cycle():
+    # a -> b directly, and a -> X -> b through a node that cannot be fused: fusing a and b
+    # would make the fused node both produce X's input and consume X's output.
+    g = graph(
+        placeholder("x"),
+        node("a", "Relu", ["x"]),
+        node("X", "Identity", ["a"]),
+        node("b", "Mul", ["a", "X"]),
+    )
+    result = rewriter.rewrite(g)
+    assert not result.fusions
+    assert ("b", "would create a cycle through X") in result.refusals
+
+
+def test_cycle_avoidance_still_fuses_both_sides():
+    g = graph(
+        placeholder("x"),
+        node("abs", "Abs", ["x"]),
+        node("a", "Relu", ["abs"]),
+        node("X", "Identity", ["a"]),
+        node("b", "Mul", ["a", "X"]),
+        node("e", "Exp", ["b"]),
+    )
+    result = rewriter.rewrite(g, preserve=["e"])
+    assert [f.nodes for f in result.fusions] == [("abs", "a"), ("b", "e")]
+    nodes = by_name(result.graph_def)
+    first, second = (f.name for f in result.fusions)
+    assert list(nodes["X"].input) == [first]
+    assert list(nodes[second].input) == [first, "X"]
+
+
+def test_cycle_through_a_control_edge():
+    g = graph(
+        placeholder("x"),
+        node("a", "Relu", ["x"]),
+        node("X", "NoOp", ["^a"], dtype=None),
+        node("b", "Exp", ["a", "^X"]),
+    )
+    result = rewriter.rewrite(g)
+    assert ("b", "would create a cycle through X") in result.refusals
+
+
+def test_a_v1_while_loop_orders_and_fuses_its_body():
+    g = graph(
+        placeholder("x"),
+        node("enter", "Enter", ["x"]),
+        node("merge", "Merge", ["enter", "next"]),
+        node("abs", "Abs", ["merge"]),
+        node("exp", "Exp", ["abs"]),
+        node("next", "NextIteration", ["exp"]),
+    )
+    view = graph_mod.GraphView(g)
+    assert view.order == ["x", "enter", "merge", "abs", "exp", "next"]
+    result = rewriter.rewrite(g)
+    assert [f.nodes for f in result.fusions] == [("abs", "exp")]
+    assert list(by_name(result.graph_def)["next"].input) == [result.fusions[0].name]
+
+
+def test_a_malformed_cycle_is_not_fused():
+    g = graph(node("a", "Abs", ["b"]), node("b", "Exp", ["a"]))
+    result = rewriter.rewrite(g)
+    assert not result.fusions
+    assert ("a", "on a cycle of the graph") in result.refusals
+
+
+def test_refusals_carry_reasons():
+    nodes = chain(["Abs", "Relu", "Exp"]) + [
+        node("i", "Abs", ["x"], I64),
+        node("g", "Neg", ["x"], device="/device:GPU:0"),
+    ]
+    result = rewriter.rewrite(graph(*nodes), feeds=["Relu"])
+    reasons = dict(result.refusals)
+    assert reasons["i"] == "dtype DT_INT64 not supported by Abs"
+    assert reasons["g"] == "device GPU"
+    assert reasons["Relu"] == "fed by the caller"
+    assert reasons["Abs"] == "no fusible neighbour"
+    assert all(isinstance(r, tuple) and len(r) == 2 for r in result.refusals)
+
+
+# --- invariants --------------------------------------------------------------------------------
+
+
+def _sample_graphs():
+    yield graph(*chain(["Abs", "Relu", "Exp"], F16, (128, 192)))
+    yield graph(*chain(["Abs", "Neg", "Exp", "Tanh", "Sin"]), node("o", "Identity", ["Sin"]))
+    yield graph(
+        placeholder("x"),
+        node("abs", "Abs", ["x"]),
+        node("a", "Relu", ["abs"]),
+        node("X", "Identity", ["a"]),
+        node("b", "Mul", ["a", "X"]),
+        node("e", "Exp", ["b"]),
+        node("after", "NoOp", ["^a", "^e"], dtype=None),
+    )
+    yield graph(placeholder("x", F32, (8, 16)), node("sig", "Sigmoid", ["x"]), node("m", "Mul", ["x", "sig"]))
+
+
+@pytest.mark.parametrize("g", list(_sample_graphs()))
+@pytest.mark.parametrize("max_size", [2, 64])
+def test_idempotent(g, max_size):
+    once = rewriter.optimize(g, preserve=["Relu"], flags=flags(max_size))
+    twice = rewriter.rewrite(once, preserve=["Relu"], flags=flags(max_size))
+    assert not twice.fusions
+    assert serialized(twice.graph_def) == serialized(once)
+
+
+@pytest.mark.parametrize("g", list(_sample_graphs()))
+def test_deterministic(g):
+    first = rewriter.optimize(g, preserve=["e"])
+    second = rewriter.optimize(graph_pb2.GraphDef.FromString(g.SerializeToString()), preserve=["e"])
+    assert serialized(first) == serialized(second)
+    assert first.SerializeToString() == second.SerializeToString()
+
+
+@pytest.mark.parametrize("g", list(_sample_graphs()))
+def test_input_is_not_mutated(g):
+    before = serialized(g)
+    result = rewriter.rewrite(g, preserve=["Relu", "e"], shapes={"x": [(4, 3)]})
+    assert result.fusions
+    assert serialized(g) == before
+
+
+def test_composition_without_op_names_does_not_touch_the_input():
+    g = graph(placeholder("x"), node("c", "_UnaryOpsComposition", ["x"]), node("e", "Exp", ["c"]))
+    before = serialized(g)
+    result = rewriter.rewrite(g)
+    assert serialized(g) == before
+    assert ("c", "_UnaryOpsComposition without op_names") in result.refusals
+
+
+def test_other_graph_content_is_kept():
+    g = graph(*chain(["Abs", "Relu", "Exp"]), node("o", "Identity", ["Exp"]))
+    g.versions.producer = 1234
+    g.library.function.add().signature.name = "f"
+    out = rewriter.optimize(g)
+    assert out.versions.producer == 1234
+    assert out.library.function[0].signature.name == "f"
+    assert serialized(by_name(out)["x"]) == serialized(by_name(g)["x"])
+
+
+# --- graph view --------------------------------------------------------------------------------
+
+
+def test_graph_view_edges_order_devices_and_shapes():
+    g = graph(
+        node("c", "NoOp", dtype=None),
+        node("scope/y", "Exp", ["scope/x:0", "^c"]),
+        placeholder("scope/x", F32, (-1, 3)),
+        node("split", "Split", ["scope/y"], _output_shapes=[(2, 3), (2, 3)]),
+        node("z", "Neg", ["split:1"], device="/device:GPU:0"),
+    )
+    view = graph_mod.GraphView(g, shapes={"scope/x": [(5, -1)]})
+    assert view.order == ["c", "scope/x", "scope/y", "split", "z"]
+    assert view.data_inputs("scope/y") == [("scope/x", 0)]
+    assert view.control_inputs("scope/y") == ["c"]
+    assert view.control_consumers("c") == ["scope/y"]
+    assert view.data_consumers("split") == [("z", 0, 1)]
+    assert view.output_shape("scope/x") == (5, 3)
+    assert view.output_shape("scope/y") == (5, 3)
+    assert view.output_shape("split", 1) == (2, 3)
+    assert view.output_shape("z") == (2, 3)
+    assert view.output_dtype("scope/x") == F32 and view.output_dtype("z") == F32
+    assert view.device_type("z") == "GPU" and view.device_type("c") == "CPU"
+
+
+@pytest.mark.parametrize(
+    "device, kind",
+    [("", "CPU"), (CPU0, "CPU"), (GPU0, "GPU"), ("/cpu:0", "CPU"), ("/gpu:1", "GPU"),
+     ("/job:worker/task:1", "CPU"), ("/device:NPU:0", "NPU")],
+)
+def test_device_type(device, kind):
+    assert graph_mod.device_type(device) == kind
+
+
+# --- program text ------------------------------------------------------------------------------
+
+
+def _programs_for_every_op():
+    for spec in catalog.OPS:
+        for dtype in sorted(spec.dtypes):
+            name = ir.DTYPE_NAMES[dtype]
+            if spec.arity == 1:
+                yield f"in0: {name}[4,3]\n%0 = {spec.ir_name} in0\n%1 = {spec.ir_name} %0\nout0 = %1\n"
+            else:
+                imm = "2" if name == "i32" else "0.5"
+                yield (
+                    f"in0: {name}[?,3]\nin1: {name}[?,3]\n%0 = {spec.ir_name} in0, in1\n"
+                    f"%1 = {spec.ir_name} %0, {imm}\nout0 = %1\nout1 = in1\n"
+                )
+
+
+@pytest.mark.parametrize("text", list(_programs_for_every_op()))
+def test_program_round_trip(text):
+    parsed = ir.parse(text)
+    assert str(parsed) == text
+    assert ir.parse(str(parsed)) == parsed
+
+
+def test_program_structure_and_shapes():
+    text = "in0: f32[*]\nin1: bf16[]\n%0 = Mul in0, 1e-05\n%1 = Exp in1\nout0 = %0\nout1 = %1\n"
+    p = ir.parse(text)
+    assert p.inputs == (ir.InputDecl("f32", None), ir.InputDecl("bf16", ()))
+    assert p.instructions[0] == ir.Instruction("Mul", (ir.In(0), 1e-05))
+    assert p.outputs == (ir.Val(0), ir.Val(1))
+    assert p.output_dtypes() == ["f32", "bf16"]
+    built = ir.FusedProgram([ir.InputDecl("f16", (128, 192))],
+                            [ir.Instruction("Abs", (ir.In(0),)),
+                             ir.Instruction("Relu", (ir.Val(0),)),
+                             ir.Instruction("Exp", (ir.Val(1),))],
+                            [ir.Val(2)])
+    assert built.print() == ABS_RELU_EXP
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("", 1),
+        ("in0: f16[4]\n%0 = Abs in0\nout0 = %0", 3),  # no final newline
+        ("in0: f16[4]\n\n%0 = Abs in0\nout0 = %0\n", 2),  # blank line
+        ("in0: f16[4]\n%0 = Abs in0\n%1 = Exp %2\nout0 = %1\n", 3),  # undefined value
+        ("in0: f16[4]\n%0 = Abs in0\n%2 = Exp %0\nout0 = %2\n", 3),  # numbering
+        ("in0: f16[4]\n%0 =  Abs in0\nout0 = %0\n", 2),  # spacing
+        ("in0: f16[4]\n%0 = Abs in0,in0\nout0 = %0\n", 2),
+        ("in0: f16[4]\n%0 = Foo in0\nout0 = %0\n", 2),  # unknown op
+        ("in0: f16[4]\n%0 = Add in0\nout0 = %0\n", 2),  # arity
+        ("in0: i32[4]\n%0 = Exp in0\nout0 = %0\n", 2),  # dtype
+        ("in0: f64[4]\n%0 = Mul in0, 0.50\nout0 = %0\n", 2),  # literal not as repr prints it
+        ("in0: i32[4]\n%0 = Mul in0, 0.5\nout0 = %0\n", 2),  # float immediate for i32
+        ("in0: f32[4]\nin1: f64[4]\n%0 = Add in0, in1\nout0 = %0\n", 3),  # mixed dtypes
+        ("in0: f32[4]\n%0 = Add 1.0, 2.0\nout0 = %0\n", 2),  # no value operand
+        ("in0: f32[4]\n%0 = Abs in0 axes=[1]\nout0 = %0\n", 2),  # attr not taken
+        ("in0: f8[4]\n%0 = Abs in0\nout0 = %0\n", 1),  # dtype
+        ("in0: f32[4,x]\n%0 = Abs in0\nout0 = %0\n", 1),  # dim
+        ("in1: f32[4]\n%0 = Abs in1\nout0 = %0\n", 1),  # input numbering
+        ("in0: f32[4]\n%0 = Abs in0\nout0 = %1\n", 3),  # output of an undefined value
+        ("in0: f32[4]\n%0 = Abs in0\nout1 = %0\n", 3),  # output numbering
+        ("in0: f32[4]\n%0 = Abs in0\nout0 = %0\nin1: f32[4]\n", 4),  # order
+        ("in0: f32[4]\nout0 = in0\n", 3),  # no instruction
+        ("in0: f32[4]\n%0 = Abs in0\nbogus\n", 3),
+    ],
+)
+def test_program_parse_errors_name_the_line(text, line):
+    with pytest.raises(ValueError, match=rf"^line {line}:"):
+        ir.parse(text)
+
+
+# --- catalog -----------------------------------------------------------------------------------
+
+
+def test_catalog_names():
+    assert catalog.for_tf_op("AddV2").ir_name == "Add" == catalog.for_tf_op("Add").ir_name
+    assert catalog.for_tf_op("RealDiv").ir_name == "Div"
+    assert catalog.for_tf_op("Inv").ir_name == "Reciprocal"
+    assert catalog.for_tf_op("Maximum").ascendc == "Max"
+    assert catalog.for_tf_op("Log").ascendc == "Ln"
+    assert catalog.for_tf_op("Erf").ascendc is None
+    assert catalog.for_tf_op("BiasAdd") is None
+    assert "_UnaryOpsComposition" in catalog.candidate_op_types()
+    assert all(spec.kind == "elementwise" for spec in catalog.OPS)
+    assert {catalog.for_ir_name(n).arity for n in ("Add", "SquaredDifference")} == {2}
+
+
+def _domain(ir_name, rng, shape=(64,)):
+    x = rng.uniform(-4, 4, shape)
+    if ir_name in ("Log", "Sqrt", "Rsqrt"):
+        x = np.abs(x) + 0.01
+    if ir_name == "Log1p":
+        x = np.abs(x) - 0.5
+    if ir_name == "Round":
+        x = np.concatenate([x, [0.5, 1.5, 2.5, -0.5, -2.5]])
+    return x
+
+
+def _run_tf_op(op_type, args):
+    names = [arg.name for arg in op_def_registry.get(op_type).input_arg]
+    op = getattr(tf.raw_ops, op_type)
+    return op(**{n: tf.constant(a) for n, a in zip(names, args)}).numpy()
+
+
+@pytest.mark.parametrize("spec", catalog.OPS, ids=lambda s: s.ir_name)
+def test_catalog_reference_matches_tensorflow(spec):
+    rng = np.random.default_rng(0)
+    args = [_domain(spec.ir_name, rng) for _ in range(spec.arity)]
+    if spec.arity == 2:
+        args[1] = np.where(np.abs(args[1]) < 0.1, 0.5, args[1])  # keep Div away from 0
+    for tf_op in spec.tf_ops:
+        expected = _run_tf_op(tf_op, args)
+        np.testing.assert_allclose(spec.reference(*args), expected, rtol=1e-12, atol=1e-12)
+    if types_pb2.DT_INT32 in spec.dtypes:
+        ints = [rng.integers(-50, 50, (32,)).astype(np.int32) for _ in range(spec.arity)]
+        expected = _run_tf_op(spec.tf_ops[0], ints)
+        got = spec.reference(*ints)
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, expected)
+
+
+# --- numbers: original vs rewritten ------------------------------------------------------------
+#
+# Two ways to run a rewritten graph: "expanded" replaces each AutofuseKernel by the TF ops its
+# program names (checks the rewiring: inputs, outputs, Identities, control edges, without the
+# kernel); "kernel" runs the AutofuseKernel op itself (skipped until its library is built).
+
+_TF_OP = {spec.ir_name: spec.tf_ops[0] for spec in catalog.OPS}
+
+
+def _expand_fused(graph_def):
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    for n in graph_def.node:
+        if n.op != "AutofuseKernel":
+            out.node.add().CopyFrom(n)
+            continue
+        p = ir.parse(program_of(n))
+        dtype = n.attr["Tin"].list.type[0]
+        data = [i for i in n.input if not i.startswith("^")]
+        controls = [i for i in n.input if i.startswith("^")]
+        values = {ir.In(k): src for k, src in enumerate(data)}
+        for i, inst in enumerate(p.instructions):
+            operands = []
+            for j, operand in enumerate(inst.operands):
+                if isinstance(operand, ir.Ref):
+                    operands.append(values[operand])
+                else:
+                    c = const(f"{n.name}/imm{i}_{j}", operand, tf.as_dtype(dtype))
+                    out.node.append(c)
+                    operands.append(c.name)
+            out.node.append(node(f"{n.name}/v{i}", _TF_OP[inst.op], operands, dtype, n.device))
+            values[ir.Val(i)] = f"{n.name}/v{i}"
+        outputs = node(n.name, "IdentityN", [values[r] for r in p.outputs] + controls, None, n.device)
+        outputs.attr["T"].list.type.extend([dtype] * len(p.outputs))
+        out.node.append(outputs)
+    return out
+
+
+@pytest.fixture(scope="module")
+def kernel_library():
+    try:
+        from tf_autofuse import _native
+
+        module = _native.load()
+    except Exception as err:  # noqa: BLE001 - the library is built elsewhere, in parallel
+        pytest.skip(f"AutofuseKernel op library not available: {err}")
+    if op_def_registry.get("AutofuseKernel") is None:
+        pytest.skip("the op library does not register AutofuseKernel yet")
+    return module
+
+
+@pytest.fixture(params=["expanded", "kernel"])
+def run_fused(request):
+    if request.param == "kernel":
+        request.getfixturevalue("kernel_library")
+        return lambda graph_def, fetches, values: _run(graph_def, fetches, values)
+    return lambda graph_def, fetches, values: _run(_expand_fused(graph_def), fetches, values)
+
+
+def _run(graph_def, fetches, feeds):
+    cfg = tf1.ConfigProto()
+    cfg.graph_options.rewrite_options.disable_meta_optimizer = True
+    cfg.graph_options.rewrite_options.use_plugin_optimizers = rewriter_config_pb2.RewriterConfig.OFF
+    g = tf.Graph()
+    with g.as_default():
+        tf1.import_graph_def(graph_def, name="")
+        with tf1.Session(graph=g, config=cfg) as sess:
+            return sess.run([f + ":0" for f in fetches], {k + ":0": v for k, v in feeds.items()})
+
+
+def _compare(run_fused, g, fetches, values, rtol, **kwargs):
+    result = rewriter.rewrite(g, preserve=fetches, **kwargs)
+    assert result.fusions
+    want = _run(g, fetches, values)
+    got = run_fused(result.graph_def, fetches, values)
+    for w, v in zip(want, got):
+        assert w.dtype == v.dtype and w.shape == v.shape
+        np.testing.assert_allclose(v.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=rtol)
+    return result
+
+
+def _uniform(seed, shape, dtype=np.float32, low=-3, high=3):
+    return np.random.default_rng(seed).uniform(low, high, shape).astype(dtype)
+
+
+def test_run_abs_relu_exp_f16(run_fused):
+    g = graph(*chain(["Abs", "Relu", "Exp"], F16, (128, 192)))
+    _compare(run_fused, g, ["Exp"], {"x": _uniform(1, (128, 192), np.float16)}, rtol=2e-3)
+
+
+def test_run_abs_relu_exp_built_with_tf_graph(run_fused):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [16, 8], name="x")
+        tf.exp(tf.nn.relu(tf.abs(x)), name="y")
+    _compare(run_fused, g.as_graph_def(), ["y"], {"x": _uniform(1, (16, 8))}, rtol=1e-6)
+
+
+def test_run_composition(run_fused):
+    composed = node("Exp", "_UnaryOpsComposition", ["x"], F32, op_names=["Abs", "Relu", "Exp"])
+    g = graph(placeholder("x", F32, (16, 8)), composed)
+    _compare(run_fused, g, ["Exp"], {"x": _uniform(2, (16, 8))}, rtol=1e-6)
+
+
+def test_run_preserved_middle_and_fed_middle(run_fused):
+    g = graph(*chain(["Abs", "Sqrt", "Relu", "Exp", "Neg"]))
+    x = _uniform(3, (4, 3))
+    _compare(run_fused, g, ["Sqrt", "Neg"], {"x": x}, rtol=1e-6)
+    fed = {"x": x, "Relu": np.full((4, 3), 0.25, np.float32)}
+    result = _compare(run_fused, g, ["Sqrt", "Neg"], fed, rtol=1e-6, feeds=["Relu"])
+    assert len(result.fusions) == 2
+
+
+def test_run_binary_and_diamond(run_fused):
+    g = graph(
+        placeholder("x", F32, (8, 16)),
+        placeholder("y", F32, (8, 16)),
+        node("a", "Abs", ["x"]),
+        node("sig", "Sigmoid", ["a"]),
+        node("swish", "Mul", ["a", "sig"]),
+        node("d", "SquaredDifference", ["swish", "y"]),
+        node("m", "Maximum", ["d", "x"]),
+    )
+    values = {"x": _uniform(4, (8, 16)), "y": _uniform(5, (8, 16))}
+    _compare(run_fused, g, ["swish", "m"], values, rtol=1e-6)
+
+
+def test_run_split_chain_cycle_and_controls(run_fused):
+    g = graph(
+        placeholder("x"),
+        node("c", "NoOp", dtype=None),
+        node("abs", "Abs", ["x", "^c"]),
+        node("a", "Relu", ["abs"]),
+        node("X", "Identity", ["a"]),
+        node("b", "Mul", ["a", "X"]),
+        node("e", "Exp", ["b"]),
+        node("t", "Tanh", ["e", "^a"]),
+        node("s", "Sin", ["t"]),
+    )
+    result = _compare(run_fused, g, ["s", "X"], {"x": _uniform(6, (4, 3))}, rtol=1e-6,
+                      flags=flags(2))
+    assert [f.nodes for f in result.fusions] == [("abs", "a"), ("b", "e"), ("t", "s")]
+
+
+def test_run_int32(run_fused):
+    g = graph(
+        placeholder("x", I32, (5, 7)),
+        node("sq", "Square", ["x"], I32),
+        node("n", "Neg", ["sq"], I32),
+        node("d", "SquaredDifference", ["n", "x"], I32),
+    )
+    x = np.random.default_rng(7).integers(-100, 100, (5, 7)).astype(np.int32)
+    _compare(run_fused, g, ["d"], {"x": x}, rtol=0)

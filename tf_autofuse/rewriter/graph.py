@@ -1,0 +1,291 @@
+"""A read-only view of a GraphDef: names, edges, order, dtypes, devices, static shapes.
+
+Topological order: Kahn's algorithm over data and control edges, ties broken by the node's
+index in the GraphDef. Edges out of NextIteration nodes (the back edges of v1 while loops)
+are left out, so a valid graph always orders fully; nodes still left (a malformed cycle) are
+appended in index order and reported by `in_cycle`.
+
+Shapes (tuple of ints, -1 an unknown size, <= -2 a symbolic size from the caller's shape
+inference; None an unknown rank) merge, in this order of trust: shapes handed in by the
+caller, `_output_shapes` attrs, the Placeholder `shape` and Const tensor shapes, then
+propagation through the catalog's elementwise ops and a few same-shape ops (Identity, Cast).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Mapping, Optional, Sequence
+
+from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_shape_pb2
+
+from . import catalog
+
+Shape = Optional[tuple]  # None: unknown rank
+Tensor = tuple  # (node name, output index)
+
+_BACK_EDGE_OPS = frozenset({"NextIteration", "RefNextIteration"})
+_DTYPE_ATTR_OPS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "VariableV2"})
+# Not fusible, but their output has their input's shape: shapes propagate through them.
+_SAME_SHAPE_OPS = frozenset(
+    {"Identity", "Snapshot", "StopGradient", "PreventGradient", "CheckNumerics", "Cast"}
+)
+
+
+def parse_input(text: str) -> tuple[str, int, bool]:
+    """'^a' -> ('a', -1, True); 'a:1' -> ('a', 1, False); 'a' -> ('a', 0, False)."""
+    if text.startswith("^"):
+        return text[1:], -1, True
+    name, sep, index = text.rpartition(":")
+    if sep and index.isdigit():
+        return name, int(index), False
+    return text, 0, False
+
+
+def tensor_name(tensor: Tensor) -> str:
+    """The input string for a tensor: 'a' for output 0, 'a:1' otherwise."""
+    name, index = tensor
+    return name if index == 0 else f"{name}:{index}"
+
+
+def node_name(text: str) -> str:
+    """The node a name refers to: strips a leading '^' and an output suffix ':k'."""
+    return parse_input(text)[0]
+
+
+def device_type(device: str) -> str:
+    """'/job:a/replica:0/task:0/device:GPU:1' -> 'GPU'; '/cpu:0' -> 'CPU'; '' -> 'CPU'."""
+    for part in device.split("/"):
+        if part.startswith("device:"):
+            kind = part[len("device:") :].split(":")[0]
+        elif part.lower().startswith(("cpu:", "gpu:")):
+            kind = part.split(":")[0].upper()  # the legacy '/cpu:0' form
+        else:
+            continue
+        if kind and kind != "*":
+            return kind
+    return "CPU"
+
+
+def shape_from_proto(proto: tensor_shape_pb2.TensorShapeProto) -> Shape:
+    if proto.unknown_rank:
+        return None
+    return tuple(int(d.size) if d.size >= 0 else -1 for d in proto.dim)
+
+
+def merge_shapes(first: Shape, second: Shape) -> Shape:
+    """What both tell: a size beats a symbolic size, which beats -1; `first` wins ties."""
+    if first is None:
+        return second
+    if second is None or len(second) != len(first):
+        return first
+    return tuple(_merge_dim(a, b) for a, b in zip(first, second))
+
+
+def _merge_dim(a: int, b: int) -> int:
+    if a >= 0 or (a <= -2 and b < 0):
+        return a
+    return b
+
+
+def known_equal(a: Shape, b: Shape) -> bool:
+    """Statically equal: same rank, each size known and equal, or the same symbolic size.
+
+    Sizes <= -2 are symbolic (the caller's shape inference gives equal ids to sizes it proved
+    equal); -1 is unknown and equals nothing.
+    """
+    return a is not None and a == b and all(d != -1 for d in a)
+
+
+def format_shape(shape: Shape) -> str:
+    """For messages: [?,3], [*] for unknown rank, [] for a scalar."""
+    if shape is None:
+        return "[*]"
+    return "[" + ",".join("?" if d < 0 else str(d) for d in shape) + "]"
+
+
+class GraphView:
+    """Read-only: never mutates the GraphDef it is given."""
+
+    def __init__(
+        self,
+        graph_def: graph_pb2.GraphDef,
+        shapes: Optional[Mapping[str, Sequence[Shape]]] = None,
+    ):
+        self.graph_def = graph_def
+        self.nodes: list[node_def_pb2.NodeDef] = list(graph_def.node)
+        self._by_name = {node.name: node for node in self.nodes}
+        self._index = {node.name: i for i, node in enumerate(self.nodes)}
+        self._data_inputs: dict[str, list[Tensor]] = {}
+        self._control_inputs: dict[str, list[str]] = {}
+        self._data_consumers: dict[str, list[tuple[str, int, int]]] = {n.name: [] for n in self.nodes}
+        self._control_consumers: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+        for node in self.nodes:
+            data, control = [], []
+            for position, text in enumerate(node.input):
+                name, index, is_control = parse_input(text)
+                if is_control:
+                    control.append(name)
+                    self._control_consumers.setdefault(name, []).append(node.name)
+                else:
+                    data.append((name, index))
+                    self._data_consumers.setdefault(name, []).append((node.name, position, index))
+            self._data_inputs[node.name] = data
+            self._control_inputs[node.name] = control
+        self._successors = self._forward_successors()
+        self.order, self._cyclic = self._topological_order()
+        self.position = {name: i for i, name in enumerate(self.order)}
+        self._shapes = self._static_shapes(shapes or {})
+
+    # --- names and edges -------------------------------------------------------------------
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def node(self, name: str) -> node_def_pb2.NodeDef:
+        return self._by_name[name]
+
+    def index(self, name: str) -> int:
+        """The node's position in the GraphDef."""
+        return self._index[name]
+
+    def data_inputs(self, name: str) -> list[Tensor]:
+        return self._data_inputs[name]
+
+    def control_inputs(self, name: str) -> list[str]:
+        return self._control_inputs[name]
+
+    def data_consumers(self, name: str) -> list[tuple[str, int, int]]:
+        """(consumer, input position, output index read) for each data edge out of `name`."""
+        return self._data_consumers.get(name, [])
+
+    def control_consumers(self, name: str) -> list[str]:
+        return self._control_consumers.get(name, [])
+
+    def successors(self, name: str) -> Sequence[str]:
+        """Nodes reached by one forward edge (data or control), back edges left out."""
+        return self._successors[name]
+
+    def _forward_successors(self) -> dict[str, tuple]:
+        result = {}
+        for node in self.nodes:
+            if node.op in _BACK_EDGE_OPS:
+                result[node.name] = ()
+                continue
+            seen = dict.fromkeys(c for c, _, _ in self._data_consumers[node.name])
+            seen.update(dict.fromkeys(self._control_consumers[node.name]))
+            result[node.name] = tuple(seen)
+        return result
+
+    def in_cycle(self, name: str) -> bool:
+        """True for nodes of a cycle that is not a while loop's (a malformed graph)."""
+        return name in self._cyclic
+
+    def _topological_order(self) -> tuple[list[str], frozenset]:
+        pending = {}
+        for node in self.nodes:
+            producers = {n for n, _ in self._data_inputs[node.name]}
+            producers.update(self._control_inputs[node.name])
+            pending[node.name] = sum(
+                1 for p in producers if p in self._by_name and self.node(p).op not in _BACK_EDGE_OPS
+            )
+        ready = [self._index[name] for name, count in pending.items() if count == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            name = self.nodes[heapq.heappop(ready)].name
+            order.append(name)
+            for consumer in self.successors(name):
+                pending[consumer] -= 1
+                if pending[consumer] == 0:
+                    heapq.heappush(ready, self._index[consumer])
+        placed = set(order)
+        left = [node.name for node in self.nodes if node.name not in placed]
+        return order + left, frozenset(left)
+
+    # --- dtypes and devices ----------------------------------------------------------------
+
+    def output_dtype(self, name: str, index: int = 0) -> Optional[int]:
+        """The DataType of output `index`, where the node's attrs tell it; else None."""
+        node = self.node(name)
+        attrs = node.attr
+        if "_output_types" in attrs and index < len(attrs["_output_types"].list.type):
+            return attrs["_output_types"].list.type[index]
+        if node.op == "AutofuseKernel" and "Tout" in attrs and index < len(attrs["Tout"].list.type):
+            return attrs["Tout"].list.type[index]
+        if index != 0:
+            return None
+        if node.op in _DTYPE_ATTR_OPS and "dtype" in attrs:
+            return attrs["dtype"].type
+        if node.op == "Cast" and "DstT" in attrs:
+            return attrs["DstT"].type
+        known = catalog.for_tf_op(node.op) or node.op in _SAME_SHAPE_OPS
+        if (known or node.op == catalog.COMPOSITION_OP) and "T" in attrs:
+            return attrs["T"].type
+        return None
+
+    def dtype(self, name: str) -> Optional[int]:
+        """The node's `T` attr (the compute type of an elementwise op), or None."""
+        attrs = self.node(name).attr
+        return attrs["T"].type if "T" in attrs else None
+
+    def device(self, name: str) -> str:
+        return self.node(name).device
+
+    def device_type(self, name: str) -> str:
+        return device_type(self.node(name).device)
+
+    # --- shapes -----------------------------------------------------------------------------
+
+    def output_shape(self, name: str, index: int = 0) -> Shape:
+        shapes = self._shapes.get(name, ())
+        return shapes[index] if index < len(shapes) else None
+
+    def tensor_shape(self, tensor: Tensor) -> Shape:
+        return self.output_shape(*tensor) if tensor[0] in self._by_name else None
+
+    def _static_shapes(self, given: Mapping[str, Sequence[Shape]]) -> dict[str, list[Shape]]:
+        shapes: dict[str, list[Shape]] = {}
+        for name in self.order:
+            node = self.node(name)
+            known = [tuple(s) if s is not None else None for s in given.get(name, ())]
+            if "_output_shapes" in node.attr:
+                attr = [shape_from_proto(s) for s in node.attr["_output_shapes"].list.shape]
+                known = _merge_lists(known, attr)
+            known = _merge_lists(known, [self._own_shape(node)])
+            known = _merge_lists(known, [self._propagated_shape(node, shapes)])
+            while known and known[-1] is None:
+                known.pop()
+            shapes[name] = known
+        return shapes
+
+    @staticmethod
+    def _own_shape(node: node_def_pb2.NodeDef) -> Shape:
+        if node.op in ("Placeholder", "PlaceholderWithDefault") and "shape" in node.attr:
+            return shape_from_proto(node.attr["shape"].shape)
+        if node.op == "Const" and "value" in node.attr:
+            return shape_from_proto(node.attr["value"].tensor.tensor_shape)
+        return None
+
+    def _propagated_shape(self, node: node_def_pb2.NodeDef, shapes) -> Shape:
+        inputs = [
+            shapes.get(n, ())[i] if i < len(shapes.get(n, ())) else None
+            for n, i in self._data_inputs[node.name]
+        ]
+        spec = catalog.for_tf_op(node.op)
+        unary = node.op == catalog.COMPOSITION_OP or node.op in _SAME_SHAPE_OPS
+        if spec is not None and spec.kind == catalog.ELEMENTWISE and spec.arity == 1:
+            unary = True
+        if unary and len(inputs) == 1:
+            return inputs[0]
+        if spec is not None and spec.kind == catalog.ELEMENTWISE and spec.arity == 2:
+            if len(inputs) == 2 and known_equal(inputs[0], inputs[1]):
+                return inputs[0]
+        return None
+
+
+def _merge_lists(first: list[Shape], second: list[Shape]) -> list[Shape]:
+    length = max(len(first), len(second))
+    first = list(first) + [None] * (length - len(first))
+    second = list(second) + [None] * (length - len(second))
+    return [merge_shapes(a, b) for a, b in zip(first, second)]
+

@@ -1,0 +1,33 @@
+"""Fused kernel names: autofuse_<kind>_<n>_<OpType>_<OpType>...
+
+n counts from 0 per graph in the order names are asked for. When the graph already holds
+autofuse_*_<n>_* nodes (the pass ran before), counting starts after the largest n, and a
+name already taken is never handed out.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+_EXISTING = re.compile(r"autofuse_[A-Za-z]+_(\d+)(?:_|$)")
+
+# Catalog kind -> the kind word of the kernel name.
+NAME_KIND = {"elementwise": "pointwise"}
+
+
+class Namer:
+    def __init__(self, existing_names: Iterable[str]):
+        self._taken = set(existing_names)
+        numbers = [int(m[1]) for m in map(_EXISTING.match, self._taken) if m]
+        self._next = max(numbers) + 1 if numbers else 0
+
+    def name(self, kind: str, op_types: Iterable[str]) -> str:
+        """A new name; `kind` is a name kind such as "pointwise"."""
+        suffix = "_".join(op_types)
+        while True:
+            candidate = f"autofuse_{kind}_{self._next}_{suffix}"
+            self._next += 1
+            if candidate not in self._taken:
+                self._taken.add(candidate)
+                return candidate

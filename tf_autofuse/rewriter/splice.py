@@ -1,0 +1,117 @@
+"""Mechanics: a new GraphDef in which each planned group is one AutofuseKernel node.
+
+The fused node takes the place of the group's first member in the node list. Members that
+keep their name become an `Identity` reading the fused output; the other members go. Data
+edges out of the group read the fused outputs directly; control edges `^member` point at the
+fused node, or stay on the member's Identity when it keeps its name. Every other node is
+copied as it is, with only the input strings (and `loc:@` colocation) that named a removed
+member rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+
+from .graph import GraphView, Tensor, parse_input, tensor_name
+from .lower import Lowered
+
+FUSED_OP = "AutofuseKernel"
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    name: str
+    members: tuple  # node names, topological order
+    dtype: int
+    device: str
+    lowered: Lowered
+    keep_names: frozenset  # members that stay as an Identity
+
+
+class _Remap:
+    """Where references to members go once the groups are fused."""
+
+    def __init__(self, plans: list[Planned]):
+        self.output: dict[str, Tensor] = {}  # member -> (fused node, output index)
+        self.control: dict[str, str] = {}  # member -> node to wait for
+        for plan in plans:
+            for k, member in enumerate(plan.lowered.outputs):
+                self.output[member] = (plan.name, k)
+            for member in plan.members:
+                self.control[member] = member if member in plan.keep_names else plan.name
+
+    def touches(self, node: node_def_pb2.NodeDef) -> bool:
+        return any(parse_input(text)[0] in self.control for text in node.input)
+
+    def data(self, tensor: Tensor) -> Tensor:
+        return self.output.get(tensor[0], tensor) if tensor[1] == 0 else tensor
+
+    def inputs(self, inputs) -> list[str]:
+        data, control = [], []
+        for text in inputs:
+            name, index, is_control = parse_input(text)
+            if is_control:
+                control.append("^" + self.control.get(name, name))
+            elif name in self.output and index == 0:
+                data.append(tensor_name(self.output[name]))
+            else:
+                data.append(text)
+        return data + list(dict.fromkeys(control))
+
+    def colocation(self, node: node_def_pb2.NodeDef) -> None:
+        if "_class" not in node.attr:
+            return
+        values = node.attr["_class"].list.s
+        for i, value in enumerate(values):
+            if value.startswith(b"loc:@"):
+                target = value[5:].decode()
+                if self.control.get(target, target) != target:
+                    values[i] = b"loc:@" + self.control[target].encode()
+
+
+def _fused_node(plan: Planned, remap: _Remap) -> node_def_pb2.NodeDef:
+    node = node_def_pb2.NodeDef(name=plan.name, op=FUSED_OP, device=plan.device)
+    node.input.extend(tensor_name(remap.data(t)) for t in plan.lowered.inputs)
+    controls = sorted({remap.control.get(c, c) for c in plan.lowered.control_inputs})
+    node.input.extend("^" + c for c in controls)
+    node.attr["program"].s = plan.lowered.program.print().encode()
+    node.attr["Tin"].list.type.extend([plan.dtype] * len(plan.lowered.inputs))
+    node.attr["Tout"].list.type.extend([plan.dtype] * len(plan.lowered.outputs))
+    return node
+
+
+def _identity(plan: Planned, member: str, view: GraphView) -> node_def_pb2.NodeDef:
+    k = plan.lowered.outputs.index(member)
+    node = node_def_pb2.NodeDef(name=member, op="Identity", device=view.device(member))
+    node.input.append(tensor_name((plan.name, k)))
+    node.attr["T"].type = plan.dtype
+    return node
+
+
+def splice(view: GraphView, plans: list[Planned]) -> graph_pb2.GraphDef:
+    remap = _Remap(plans)
+    first_member = {}  # the member whose place the fused node takes
+    for plan in plans:
+        first_member[min(plan.members, key=view.index)] = plan
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(view.graph_def)
+    del out.node[:]
+    for node in view.nodes:
+        plan = first_member.get(node.name)
+        if plan is not None:
+            out.node.append(_fused_node(plan, remap))
+            for member in plan.members:
+                if member in plan.keep_names:
+                    out.node.append(_identity(plan, member, view))
+        if node.name in remap.control:
+            continue
+        copy = out.node.add()
+        copy.CopyFrom(node)
+        if remap.touches(node):
+            new_inputs = remap.inputs(node.input)
+            del copy.input[:]
+            copy.input.extend(new_inputs)
+        remap.colocation(copy)
+    return out
