@@ -1,0 +1,682 @@
+"""The AutofuseKernel op and its CPU kernel, run eagerly (and in graph mode where it matters).
+
+Every operator of docs/PROGRAM.md in every dtype it allows is compared with TensorFlow's own
+op on the same input and with a float64 numpy reference: each element of the fused result must
+be within the dtype's tolerance of TensorFlow's, or at least as accurate as TensorFlow's (plus a
+few f32 ulps). Then multi-instruction programs, immediates, output forwarding, errors and
+determinism.
+
+`python tests/test_kernel.py --bench` measures abs->relu->exp on [4096, 4096] against
+TensorFlow's three ops and a plain copy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+try:
+    from scipy import special as _special
+except ImportError:  # pragma: no cover - scipy is optional
+    _special = None
+
+
+def _load_module():
+    override = os.environ.get("TF_AUTOFUSE_TEST_LIBRARY")  # a library built by hand
+    if override:
+        return tf.load_op_library(override)
+    try:
+        from tf_autofuse import _native
+
+        return _native.load()
+    except Exception:  # the official loader may not be usable yet; build and load directly
+        from tf_autofuse import _build
+
+        return tf.load_op_library(str(_build.library_path()))
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return _load_module()
+
+
+# ---------------------------------------------------------------------------------------------
+# dtypes
+
+DTYPES = {
+    "f16": tf.float16,
+    "bf16": tf.bfloat16,
+    "f32": tf.float32,
+    "f64": tf.float64,
+    "i32": tf.int32,
+}
+FLOATS = ("f16", "bf16", "f32", "f64")
+_MANTISSA = {"f16": 10, "bf16": 7, "f32": 23, "f64": 52}
+_MIN_EXP = {"f16": -14, "bf16": -126, "f32": -126, "f64": -1022}
+# ulps of the dtype by which the fused result may differ from TensorFlow's: 16-bit types are
+# computed in fp32 and rounded once (TensorFlow may round in between); f32/f64 use the same Eigen
+# functions, with or without FMA.
+_TF_ULPS = {"f16": 1, "bf16": 1, "f32": 4, "f64": 4}
+
+
+def ulp(values, dtype):
+    """The spacing of `dtype` at each of `values` (float64 array; subnormal spacing near 0)."""
+    a = np.abs(np.asarray(values, np.float64))
+    a = np.where(np.isfinite(a) & (a > 0), a, 1.0)
+    exponent = np.maximum(np.floor(np.log2(a)), _MIN_EXP[dtype])
+    return np.ldexp(1.0, (exponent - _MANTISSA[dtype]).astype(np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# The operators: TensorFlow's op, a float64 reference, and the inputs they are tested on.
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _wrap32(values):
+    return ((np.asarray(values, np.int64) + 2**31) % 2**32 - 2**31).astype(np.int64)
+
+
+def _erf(x):
+    if _special is not None:
+        return _special.erf(x)
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def _sigmoid(x):
+    if _special is not None:
+        return _special.expit(x)
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+_SELU_SCALE = 1.0507009873554805
+_SELU_ALPHA = 1.6732632423543772
+
+
+class Op:
+    def __init__(self, name, tf_fn, ref, domain="normal", ints=False, int_ref=None, arity=1):
+        self.name = name
+        self.tf_fn = tf_fn
+        self.ref = ref  # float64 reference
+        self.domain = domain
+        self.ints = ints
+        self.int_ref = int_ref  # int64 reference, wrapped to int32 by the test
+        self.arity = arity
+
+    def __repr__(self):
+        return self.name
+
+
+UNARY = [
+    Op("Abs", tf.abs, np.abs, ints=True, int_ref=np.abs),
+    Op("Neg", tf.negative, np.negative, ints=True, int_ref=np.negative),
+    Op("Relu", tf.nn.relu, lambda x: np.maximum(x, 0), ints=True,
+       int_ref=lambda x: np.maximum(x, 0)),
+    Op("Relu6", tf.nn.relu6, lambda x: np.minimum(np.maximum(x, 0), 6), domain="small",
+       ints=True, int_ref=lambda x: np.minimum(np.maximum(x, 0), 6)),
+    Op("Elu", tf.nn.elu, lambda x: np.where(x < 0, np.expm1(x), x)),
+    Op("Selu", tf.nn.selu,
+       lambda x: np.where(x < 0, _SELU_SCALE * _SELU_ALPHA * np.expm1(x), _SELU_SCALE * x)),
+    Op("Exp", tf.exp, np.exp, domain="exp"),
+    Op("Expm1", tf.math.expm1, np.expm1, domain="exp"),
+    Op("Log", tf.math.log, np.log, domain="positive"),
+    Op("Log1p", tf.math.log1p, np.log1p, domain="log1p"),
+    Op("Sqrt", tf.sqrt, np.sqrt, domain="positive"),
+    Op("Rsqrt", tf.math.rsqrt, lambda x: 1.0 / np.sqrt(x), domain="positive"),
+    Op("Square", tf.square, np.square, ints=True, int_ref=np.square),
+    Op("Reciprocal", tf.math.reciprocal, lambda x: 1.0 / x),
+    Op("Sigmoid", tf.sigmoid, _sigmoid, domain="wide"),
+    Op("Tanh", tf.tanh, np.tanh),
+    Op("Softplus", tf.nn.softplus, lambda x: np.logaddexp(0.0, x), domain="wide"),
+    Op("Softsign", tf.nn.softsign, lambda x: x / (1.0 + np.abs(x))),
+    Op("Sign", tf.sign, np.sign, ints=True, int_ref=np.sign),
+    Op("Floor", tf.floor, np.floor, domain="halves"),
+    Op("Ceil", tf.math.ceil, np.ceil, domain="halves"),
+    Op("Round", tf.round, np.rint, domain="halves"),
+    Op("Erf", tf.math.erf, _erf),
+    Op("Sin", tf.sin, np.sin, domain="trig"),
+    Op("Cos", tf.cos, np.cos, domain="trig"),
+]
+def _binary(*args, **kwargs):
+    return Op(*args, arity=2, **kwargs)
+
+
+BINARY = [
+    _binary("Add", tf.add, lambda x, y: x + y, ints=True, int_ref=lambda x, y: x + y),
+    _binary("Sub", tf.subtract, lambda x, y: x - y, ints=True, int_ref=lambda x, y: x - y),
+    _binary("Mul", tf.multiply, lambda x, y: x * y, ints=True, int_ref=lambda x, y: x * y),
+    _binary("Div", tf.math.truediv, lambda x, y: x / y),
+    _binary("Maximum", tf.maximum, np.maximum, ints=True, int_ref=np.maximum),
+    _binary("Minimum", tf.minimum, np.minimum, ints=True, int_ref=np.minimum),
+    _binary("SquaredDifference", tf.math.squared_difference, lambda x, y: (x - y) ** 2,
+            ints=True, int_ref=lambda x, y: (x - y) ** 2),
+]
+ALL_OPS = UNARY + BINARY
+
+_SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0]
+
+
+def float_inputs(domain, n, rng, salt=0):
+    """n float64 values for `domain`; from 64 elements on, the specials (NaN, +-inf, +-0, +-1)."""
+    if domain == "positive":
+        x = np.exp(rng.uniform(-9.0, 9.0, n))
+    elif domain == "log1p":
+        x = np.where(rng.random(n) < 0.5, rng.uniform(-0.99, 1.0, n),
+                     np.exp(rng.uniform(-12.0, 8.0, n)))
+    elif domain == "exp":
+        x = np.where(rng.random(n) < 0.5, rng.normal(0.0, 3.0, n), rng.uniform(-90.0, 90.0, n))
+    elif domain == "wide":
+        x = rng.uniform(-40.0, 40.0, n)
+    elif domain == "small":
+        x = rng.uniform(-10.0, 10.0, n)
+    elif domain == "halves":
+        x = np.where(rng.random(n) < 0.5, np.round(rng.uniform(-20.0, 20.0, n) * 2) / 2,
+                     rng.normal(0.0, 10.0, n))
+    elif domain == "trig":
+        x = rng.uniform(-10.0, 10.0, n)
+    else:
+        x = rng.normal(0.0, 3.0, n) * np.where(rng.random(n) < 0.1, 1e-3, 1.0)
+    if n >= 64:
+        specials = np.array(_SPECIALS)
+        # the first and second operand of a binary op (salt 0, 1) meet in every pair of specials
+        x[: len(specials) ** 2] = np.tile(specials, len(specials)) if salt == 0 else \
+            np.repeat(specials, len(specials))
+    return x
+
+
+def int_inputs(domain, n, rng, salt=0):
+    if domain == "small":
+        x = rng.integers(-10, 11, n)
+    else:
+        x = np.where(rng.random(n) < 0.5, rng.integers(-1000, 1001, n),
+                     rng.integers(INT32_MIN, INT32_MAX, n, endpoint=True))
+    if n >= 64:
+        edges = np.array([INT32_MIN, INT32_MAX, -1, 0, 1, 6, 7, -7])
+        x[: len(edges) ** 2] = np.tile(edges, len(edges)) if salt == 0 else \
+            np.repeat(edges, len(edges))
+    return x
+
+
+def make_input(op, dtype, n, rng, salt=0):
+    """A tensor of `dtype` holding test values for `op`, shape [n]."""
+    if dtype == "i32":
+        return tf.constant(int_inputs(op.domain, n, rng, salt).astype(np.int32))
+    return tf.cast(tf.constant(float_inputs(op.domain, n, rng, salt)), DTYPES[dtype])
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and comparing
+
+def program_text(decls, lines, outputs):
+    """decls: ["f32[7]"], lines: ["Abs in0"], outputs: ["%0"] -> the IR text."""
+    text = [f"in{i}: {d}" for i, d in enumerate(decls)]
+    text += [f"%{i} = {line}" for i, line in enumerate(lines)]
+    text += [f"out{i} = {o}" for i, o in enumerate(outputs)]
+    return "\n".join(text)
+
+
+def run_fused(ops, program, inputs, touts, name=None):
+    kwargs = {} if name is None else {"name": name}
+    return ops.autofuse_kernel(inputs=list(inputs), Tout=list(touts), program=program, **kwargs)
+
+
+def as_f64(tensor):
+    return tensor.numpy().astype(np.float64)
+
+
+def assert_float_close(fused, unfused, ref, dtype, what, scale=None):
+    """Per element: within _TF_ULPS of TensorFlow, or no less accurate than TensorFlow.
+
+    "No less accurate" allows 4 ulps of f32 (of f64 for f64) of slack. Ulps are measured at the
+    result, or at `scale` when the result comes out of a cancellation (a + b with a ~ -b).
+    """
+    f, t, r = (np.asarray(a, np.float64).ravel() for a in (fused, unfused, ref))
+    assert f.shape == t.shape == r.shape
+    at_t, at_r = (t, r) if scale is None else (np.ravel(scale),) * 2
+    nonfinite = ~np.isfinite(f) | ~np.isfinite(t)
+    same_tf = (np.isnan(f) & np.isnan(t)) | (f == t)
+    same_ref = (np.isnan(f) & np.isnan(r)) | (f == r)
+    with np.errstate(invalid="ignore"):
+        close_tf = np.abs(f - t) <= _TF_ULPS[dtype] * ulp(at_t, dtype)
+        slack = 4 * ulp(at_r, "f64" if dtype == "f64" else "f32")
+        as_accurate = np.abs(f - r) <= np.abs(t - r) + slack
+    ok = np.where(nonfinite, same_tf | same_ref, same_tf | close_tf | as_accurate)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)[:8]
+        rows = "\n".join(f"  [{i}] fused={f[i]!r} tf={t[i]!r} ref={r[i]!r}" for i in bad)
+        pytest.fail(f"{what}: {np.count_nonzero(~ok)} of {f.size} elements off:\n{rows}")
+
+
+def assert_int_equal(fused, unfused, ref, what):
+    f, t = fused.numpy().astype(np.int64).ravel(), unfused.numpy().astype(np.int64).ravel()
+    r = _wrap32(ref).ravel()
+    for other, label in ((t, "TensorFlow"), (r, "the wrapped int64 reference")):
+        if not np.array_equal(f, other):
+            i = np.flatnonzero(f != other)[:8]
+            pytest.fail(f"{what}: differs from {label} at {i}: fused={f[i]} other={other[i]}")
+
+
+def check_op(ops, op, dtype, n, seed=0):
+    rng = np.random.default_rng([seed, n, ALL_OPS.index(op), list(DTYPES).index(dtype)])
+    inputs = [make_input(op, dtype, n, rng, salt=k) for k in range(op.arity)]
+    decl = f"{dtype}[{n}]"
+    operands = ", ".join(f"in{k}" for k in range(op.arity))
+    program = program_text([decl] * op.arity, [f"{op.name} {operands}"], ["%0"])
+    (fused,) = run_fused(ops, program, inputs, [DTYPES[dtype]])
+    unfused = op.tf_fn(*inputs)
+    assert fused.dtype == unfused.dtype and fused.shape == unfused.shape == (n,)
+    what = f"{op.name} {dtype}[{n}]"
+    if dtype == "i32":
+        args = [x.numpy().astype(np.int64) for x in inputs]
+        assert_int_equal(fused, unfused, op.int_ref(*args), what)
+    else:
+        args = [as_f64(x) for x in inputs]
+        with np.errstate(all="ignore"):
+            ref = op.ref(*args)
+        assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, what)
+
+
+def _cases(sizes, dtypes_for):
+    for op in ALL_OPS:
+        for dtype in dtypes_for(op):
+            for n in sizes:
+                yield pytest.param(op, dtype, n, id=f"{op.name}-{dtype}-{n}")
+
+
+def _allowed(op):
+    return FLOATS + (("i32",) if op.ints else ())
+
+
+# Every op in every dtype it allows, small sizes (0 elements, 1, a ragged tile, under a tile).
+@pytest.mark.parametrize("op,dtype,n", list(_cases((0, 1, 7, 1023), _allowed)))
+def test_op_small(ops, op, dtype, n):
+    check_op(ops, op, dtype, n)
+
+
+# Every op at 1_000_003 elements (many tiles, a ragged last one, the thread pool) in f32 and f16;
+# bf16, f64 and i32 for a subset.
+_LARGE_SUBSET = {"Abs", "Relu6", "Exp", "Log", "Tanh", "Softplus", "Sigmoid", "Round", "Erf",
+                 "Add", "Div", "Maximum", "SquaredDifference", "Mul", "Sign", "Square"}
+
+
+def _large_dtypes(op):
+    chosen = ["f32", "f16"]
+    if op.name in _LARGE_SUBSET:
+        chosen += ["bf16", "f64"] + (["i32"] if op.ints else [])
+    return chosen
+
+
+@pytest.mark.parametrize("op,dtype,n", list(_cases((1_000_003,), _large_dtypes)))
+def test_op_large(ops, op, dtype, n):
+    check_op(ops, op, dtype, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Programs of several instructions
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [7, 1023, 4096, 1_000_003])
+def test_chain_abs_relu_exp(ops, dtype, n):
+    rng = np.random.default_rng(n)
+    x = tf.cast(tf.constant(rng.normal(0.0, 2.0, n)), DTYPES[dtype])
+    program = program_text([f"{dtype}[{n}]"], ["Abs in0", "Relu %0", "Exp %1"], ["%2"])
+    (fused,) = run_fused(ops, program, [x], [DTYPES[dtype]])
+    unfused = tf.exp(tf.nn.relu(tf.abs(x)))
+    ref = np.exp(np.maximum(np.abs(as_f64(x)), 0.0))
+    assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, f"abs->relu->exp {dtype}")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("n", [100, 50_001])
+def test_diamond_two_outputs(ops, dtype, n):
+    """%0 feeds two branches that meet again; one branch is also an output."""
+    rng = np.random.default_rng(7)
+    x = tf.cast(tf.constant(rng.normal(0.0, 1.0, n)), DTYPES[dtype])
+    y = tf.cast(tf.constant(rng.normal(0.0, 1.0, n)), DTYPES[dtype])
+    program = program_text(
+        [f"{dtype}[?]", f"{dtype}[?]"],
+        ["Mul in0, in1", "Exp %0", "Tanh %0", "Add %1, %2"],
+        ["%3", "%1"])
+    fused_sum, fused_exp = run_fused(ops, program, [x, y], [DTYPES[dtype]] * 2)
+    a = tf.multiply(x, y)
+    unfused_exp = tf.exp(a)
+    unfused_sum = tf.add(unfused_exp, tf.tanh(a))
+    a64 = as_f64(x) * as_f64(y)  # exact; TensorFlow rounds it to 16 bits first, we do not
+    assert_float_close(as_f64(fused_exp), as_f64(unfused_exp), np.exp(a64), dtype, "exp branch")
+    assert_float_close(as_f64(fused_sum), as_f64(unfused_sum), np.exp(a64) + np.tanh(a64), dtype,
+                       "sum", scale=np.exp(a64) + np.abs(np.tanh(a64)))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
+def test_immediates(ops, dtype):
+    n = 5000
+    rng = np.random.default_rng(3)
+    x = tf.cast(tf.constant(rng.normal(0.0, 4.0, n)), DTYPES[dtype])
+    program = program_text([f"{dtype}[{n}]"],
+                           ["Mul in0, 0.1", "Add %0, 1e-05", "Sub 3.0, %1", "Maximum %2, -2.5"],
+                           ["%3"])
+    (fused,) = run_fused(ops, program, [x], [DTYPES[dtype]])
+    c = lambda v: tf.constant(v, DTYPES[dtype])  # noqa: E731 - immediates are of the value's type
+    unfused = tf.maximum(tf.subtract(c(3.0), tf.add(tf.multiply(x, c(0.1)), c(1e-05))), c(-2.5))
+    c64 = lambda v: c(v).numpy().astype(np.float64)  # noqa: E731
+    ref = np.maximum(c64(3.0) - (as_f64(x) * c64(0.1) + c64(1e-05)), c64(-2.5))
+    assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, "immediates")
+
+
+def test_int_immediates_wrap(ops):
+    x = tf.constant(np.array([INT32_MAX, INT32_MIN, -5, 0, 7] * 10, np.int32))
+    program = program_text(["i32[50]"], ["Mul in0, 3", "Add %0, -7", "Sub 2, %1"], ["%2"])
+    (fused,) = run_fused(ops, program, [x], [tf.int32])
+    unfused = tf.subtract(2, tf.add(tf.multiply(x, 3), -7))
+    ref = _wrap32(2 - (_wrap32(x.numpy().astype(np.int64) * 3) - 7))
+    np.testing.assert_array_equal(fused.numpy(), unfused.numpy())
+    np.testing.assert_array_equal(fused.numpy(), ref)
+
+
+def test_literal_forms_and_final_newline(ops):
+    """Literals as Python's repr prints them, inf and nan included; one final newline is fine."""
+    x = tf.constant([-2.5, 0.0, 1.0, 3.0e30], tf.float32)
+    program = ("in0: f32[4]\n%0 = Maximum in0, -inf\n%1 = Minimum %0, inf\n%2 = Add %1, 1e-05\n"
+               "%3 = Mul %2, 2\n%4 = Maximum %3, nan\nout0 = %3\nout1 = %4\n")
+    got, nan = run_fused(ops, program, [x], [tf.float32, tf.float32])
+    want = (x.numpy() + np.float32(1e-05)) * np.float32(2)
+    np.testing.assert_array_equal(got.numpy(), want)
+    assert np.isnan(nan.numpy()).all()
+
+
+def test_outputs_of_inputs_and_repeated_values(ops):
+    """An output may be an input, and one value may be several outputs, of different dtypes."""
+    n = 3000
+    x = tf.constant(np.linspace(-3, 3, n), tf.float16)
+    k = tf.constant(np.arange(n) - 1500, tf.int32)
+    program = program_text(["f16[?]", "i32[?]"], ["Sigmoid in0", "Square in1"],
+                           ["%0", "in0", "%1", "%0", "in1"])
+    outs = run_fused(ops, program, [x, k], [tf.float16, tf.float16, tf.int32, tf.float16,
+                                            tf.int32])
+    np.testing.assert_array_equal(outs[0].numpy(), outs[3].numpy())
+    np.testing.assert_array_equal(outs[1].numpy(), x.numpy())
+    np.testing.assert_array_equal(outs[2].numpy(), tf.square(k).numpy())
+    np.testing.assert_array_equal(outs[4].numpy(), k.numpy())
+    assert_float_close(as_f64(outs[0]), as_f64(tf.sigmoid(x)), _sigmoid(as_f64(x)), "f16",
+                       "sigmoid")
+
+
+@pytest.mark.parametrize("dtype,n", [("f32", 1_000_003), ("f16", 2_100_003), ("i32", 1_000_003)])
+def test_large_outputs_are_streamed_correctly(ops, dtype, n):
+    """From 16 MiB of output per run the kernel stores non-temporally from slots."""
+    tdt = DTYPES[dtype]
+    rng = np.random.default_rng(11)
+    if dtype == "i32":
+        x = tf.constant(rng.integers(-50, 50, n).astype(np.int32))
+        lines = ["Square in0", "Neg %0", "Maximum %1, in0"]
+        expect = [lambda v: v * v, lambda v: -v * v, lambda v: np.maximum(-v * v, v)]
+    else:
+        x = tf.cast(tf.constant(rng.normal(size=n)), tdt)
+        lines = ["Square in0", "Neg %0", "Maximum %1, in0"]
+        expect = [np.square, lambda v: -np.square(v), lambda v: np.maximum(-np.square(v), v)]
+    program = program_text([f"{dtype}[{n}]"], lines, ["%0", "%2", "in0", "%1", "%2"])
+    outs = run_fused(ops, program, [x], [tdt] * 5)
+    v = x.numpy().astype(np.float64)
+    want = [expect[0](v), expect[2](v), v, expect[1](v), expect[2](v)]
+    for got, ref in zip(outs, want):
+        if dtype == "i32":
+            np.testing.assert_array_equal(got.numpy(), ref)
+        else:
+            rounded = tf.cast(tf.constant(ref), tdt).numpy().astype(np.float64)
+            np.testing.assert_array_equal(as_f64(got), rounded)  # one rounding of exact values
+
+
+def test_dead_values_and_2d_shapes(ops):
+    x = tf.constant(np.random.default_rng(1).normal(size=(37, 29)), tf.float32)
+    program = program_text(["f32[?,29]"], ["Exp in0", "Neg in0", "Abs %1"], ["%2"])
+    (fused,) = run_fused(ops, program, [x], [tf.float32])
+    assert fused.shape == (37, 29)
+    np.testing.assert_array_equal(fused.numpy(), np.abs(x.numpy()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Output forwarding: an input buffer TensorFlow may hand to an output must not be overwritten
+# while the program still reads it.
+
+FORWARDING_PROGRAMS = [
+    # out0 is written by the first instruction while in0 is still read by the second
+    (["Exp in0", "Add %0, in0"], ["%0", "%1"],
+     lambda x: (np.exp(x), np.exp(x) + x)),
+    # a chain whose output may take in0's buffer; in1 is read last
+    (["Abs in0", "Relu %0", "Mul %1, in1"], ["%2"],
+     lambda x: (np.abs(x) * 2.0 * x,)),
+    # the output is the input itself, and a value computed from it
+    (["Neg in0"], ["in0", "%0"], lambda x: (x, -x)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("n", [1023, 200_003])
+@pytest.mark.parametrize("case", range(len(FORWARDING_PROGRAMS)))
+def test_forwarding_keeps_results(ops, case, n, dtype):
+    lines, outputs, expect = FORWARDING_PROGRAMS[case]
+    uses_in1 = any("in1" in line for line in lines)
+    decls = [f"{dtype}[?]"] * (2 if uses_in1 else 1)
+    program = program_text(decls, lines, outputs)
+    tdt = DTYPES[dtype]
+
+    @tf.function
+    def fused_fn(x, one, two):
+        # Fresh intermediates that nothing else reads: TensorFlow may forward their buffers.
+        inputs = [x * one, x * two] if uses_in1 else [x * one]
+        return run_fused(ops, program, inputs, [tdt] * len(outputs))
+
+    x = tf.cast(tf.constant(np.random.default_rng(n).normal(size=n)), tdt)
+    results = fused_fn(x, tf.constant(1.0, tdt), tf.constant(2.0, tdt))
+    for got, want in zip(results, expect(as_f64(x))):
+        tol = 2e-3 if dtype == "f16" else 1e-6
+        np.testing.assert_allclose(as_f64(got), want, rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+def test_malformed_program_names_node_and_line(ops):
+    x = tf.constant([1.0, 2.0])
+    bad = {
+        "in0: f32[2]\n%0 = Foo in0\nout0 = %0": "unknown op 'Foo'",
+        "in0: f32[2]\n%0 = Abs %1\nout0 = %0": "not defined above",
+        "in0: f32[2]\n%0 = Add in0\nout0 = %0": "takes 2 operands",
+        "in0: f32[2]\n%0 = Abs in0\nout1 = %0": "expected out0",
+        "in0: f32[2]\n%1 = Abs in0\nout0 = %1": "expected %0",
+        "in0: f32[2]\n\n%0 = Abs in0\nout0 = %0": "blank line",
+        "in0: f32[2]\n%0 = Abs  in0\nout0 = %0": "bad operand",
+        "in0: f32[2]\n%0 = Abs in0 axes=[1]\nout0 = %0": "takes no attribute",
+        "in0: f32[2]\n%0 = Add 1.0, 2.0\nout0 = %0": "not an immediate",
+        "in0: f32[2]\n%0 = Abs in0": "no output",
+        "in0: q8[2]\n%0 = Abs in0\nout0 = %0": "unknown dtype",
+        "": "empty",
+    }
+    for program, message in bad.items():
+        with pytest.raises(tf.errors.InvalidArgumentError) as err:
+            run_fused(ops, program, [x], [tf.float32])
+        text = str(err.value)
+        assert message in text, (program, text)
+        assert "AutofuseKernel '" in text, text  # names the node (eagerly: the op's name)
+        if program:
+            assert "program line" in text, text
+
+
+def test_dtype_not_allowed_for_op(ops):
+    x = tf.constant([1, 2], tf.int32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Exp does not allow dtype i32"):
+        run_fused(ops, "in0: i32[2]\n%0 = Exp in0\nout0 = %0", [x], [tf.int32])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="is not an i32"):
+        run_fused(ops, "in0: i32[2]\n%0 = Add in0, 0.5\nout0 = %0", [x], [tf.int32])
+
+
+def test_wrong_input_count_and_dtypes(ops):
+    x = tf.constant([1.0, 2.0])
+    program = "in0: f32[2]\n%0 = Abs in0\nout0 = %0"
+    with pytest.raises(tf.errors.InvalidArgumentError, match="2 input.*declares 1"):
+        run_fused(ops, program, [x, x], [tf.float32])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 0 has dtype double"):
+        run_fused(ops, program, [tf.constant([1.0, 2.0], tf.float64)], [tf.float32])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="output 0 has dtype half"):
+        run_fused(ops, program, [x], [tf.float16])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="2 output.*defines 1"):
+        run_fused(ops, program, [x], [tf.float32, tf.float32])
+
+
+def test_errors_in_graph_name_the_node(ops):
+    """Graph construction runs the shape function, which checks the same things."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None])
+        with pytest.raises((ValueError, tf.errors.InvalidArgumentError),
+                           match=r"(?s)unknown op 'Foo'.*my_fused"):
+            run_fused(ops, "in0: f32[?]\n%0 = Foo in0\nout0 = %0", [x], [tf.float32],
+                      name="my_fused")
+        with pytest.raises((ValueError, tf.errors.InvalidArgumentError),
+                           match=r"(?s)input 0 has dtype float.*my_dtype"):
+            run_fused(ops, "in0: f16[?]\n%0 = Abs in0\nout0 = %0", [x], [tf.float16],
+                      name="my_dtype")
+        y = tf.compat.v1.placeholder(tf.float32, [4])
+        with pytest.raises((ValueError, tf.errors.InvalidArgumentError),
+                           match=r"(?s)in0: f32\[3\].*my_shape"):
+            run_fused(ops, "in0: f32[3]\n%0 = Abs in0\nout0 = %0", [y], [tf.float32],
+                      name="my_shape")
+        (ok,) = run_fused(ops, "in0: f32[?]\nin1: f32[5]\n%0 = Add in0, in1\nout0 = %0",
+                          [x, x], [tf.float32], name="ok")
+        assert ok.shape.as_list() == [5]
+
+
+def test_runtime_shape_mismatch_names_shapes(ops):
+    program = "in0: f32[?]\nin1: f32[?]\n%0 = Add in0, in1\nout0 = %0"
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"AutofuseKernel '.*'.*input 1 has shape \[6\] but input 0 has "
+                             r"shape \[5\]"):
+        run_fused(ops, program, [tf.zeros([5]), tf.zeros([6])], [tf.float32])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input 0 has shape \[2,3\] but the program declares in0: "
+                             r"f32\[2,4\]"):
+        run_fused(ops, "in0: f32[2,4]\n%0 = Abs in0\nout0 = %0", [tf.zeros([2, 3])],
+                  [tf.float32])
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None])
+        (y,) = run_fused(ops, "in0: f32[3]\n%0 = Abs in0\nout0 = %0", [x], [tf.float32],
+                         name="runtime_node")
+        with tf.compat.v1.Session(graph=g) as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=r"AutofuseKernel 'runtime_node': input 0 has shape \[4\]"):
+                sess.run(y, {x: np.zeros(4, np.float32)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism
+
+# Runs in a fresh process: TensorFlow sizes its intra-op pool once per process unless
+# TF_OVERRIDE_GLOBAL_THREADPOOL gives every session its own, sized by its ConfigProto.
+_THREADS_SCRIPT = """
+import sys
+import numpy as np
+import tensorflow as tf
+
+library, program, values_path, out_path = sys.argv[1:5]
+ops = tf.load_op_library(library)
+values = np.load(values_path)
+results = []
+for threads in (1, 2, 2):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.as_dtype(values.dtype), [None])
+        (y,) = ops.autofuse_kernel(inputs=[x], Tout=[x.dtype], program=program)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                      inter_op_parallelism_threads=1)
+    with tf.compat.v1.Session(graph=graph, config=config) as sess:
+        results.append(sess.run(y, {x: values}))
+np.save(out_path, np.stack(results))
+"""
+
+
+def _library_path():
+    override = os.environ.get("TF_AUTOFUSE_TEST_LIBRARY")
+    if override:
+        return override
+    from tf_autofuse import _build
+
+    return str(_build.library_path())
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_bit_identical_across_runs_and_threads(ops, dtype, tmp_path):
+    import subprocess
+
+    n = 1_000_003
+    tdt = DTYPES[dtype]
+    values = tf.cast(tf.constant(np.random.default_rng(5).normal(0, 3, n)), tdt).numpy()
+    program = program_text([f"{dtype}[?]"],
+                           ["Tanh in0", "Exp %0", "Mul %1, in0", "Softplus %2", "Erf %3"],
+                           ["%4"])
+    np.save(tmp_path / "values.npy", values)
+    env = dict(os.environ, TF_OVERRIDE_GLOBAL_THREADPOOL="1", TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, _library_path(), program,
+                    str(tmp_path / "values.npy"), str(tmp_path / "out.npy")],
+                   check=True, env=env, timeout=300)
+    one, two, again = np.load(tmp_path / "out.npy")
+    (eager,) = run_fused(ops, program, [tf.constant(values)], [tdt])
+    bits = lambda a: np.asarray(a).view(np.uint16 if dtype == "f16" else np.uint32)  # noqa
+    np.testing.assert_array_equal(bits(one), bits(two))
+    np.testing.assert_array_equal(bits(two), bits(again))
+    np.testing.assert_array_equal(bits(one), bits(eager.numpy()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark: python tests/test_kernel.py --bench
+
+def _median_ms(fn, reps=20):
+    import statistics
+    import time
+
+    fn()
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def benchmark():
+    # TensorFlow's own ops must run unfused: no plugin optimizer for this process.
+    os.environ.pop("AUTOFUSE_FLAGS", None)
+    ops = _load_module()
+    for dtype in ("f32", "f16"):
+        tdt = DTYPES[dtype]
+        x = tf.cast(tf.constant(np.random.default_rng(0).normal(size=(4096, 4096))), tdt)
+        program = program_text([f"{dtype}[4096,4096]"], ["Abs in0", "Relu %0", "Exp %1"], ["%2"])
+        fused_fn = tf.function(lambda a: run_fused(ops, program, [a], [tdt])[0])
+        tf_fn = tf.function(lambda a: tf.exp(tf.nn.relu(tf.abs(a))))
+        src = x.numpy()
+        dst = np.empty_like(src)
+        rows = {
+            "fused (eager)": lambda: run_fused(ops, program, [x], [tdt]),
+            "fused (tf.function)": lambda: fused_fn(x),
+            "TF 3 ops (eager)": lambda: tf.exp(tf.nn.relu(tf.abs(x))),
+            "TF 3 ops (tf.function)": lambda: tf_fn(x),
+            "np.copyto (same bytes, destination reused)": lambda: np.copyto(dst, src),
+            "np.copy (same bytes, fresh destination)": lambda: src.copy(),
+        }
+        print(f"abs->relu->exp [4096,4096] {dtype}: "
+              + ", ".join(f"{k} {_median_ms(f):.1f} ms" for k, f in rows.items()), flush=True)
+
+
+if __name__ == "__main__":
+    if "--bench" in sys.argv:
+        benchmark()
+    else:
+        sys.exit(pytest.main([__file__, "-q"] + sys.argv[1:]))
