@@ -100,7 +100,7 @@ PyObject* StringList(const std::vector<std::string>& items) {
   return list;
 }
 
-// {node name: [shape or None per output]}, shape a tuple of ints with -1 for unknown sizes.
+// {node name: [shape or None per output]}, shape a tuple of sizes (see below for unknown ones).
 PyObject* ShapeDict(const GrapplerItem& item, const tensorflow::grappler::GraphProperties* props) {
   PyObject* dict = PyDict_New();
   if (dict == nullptr || props == nullptr) return dict;
@@ -119,7 +119,8 @@ PyObject* ShapeDict(const GrapplerItem& item, const tensorflow::grappler::GraphP
         entry = PyTuple_New(shape.dim_size());
         for (int d = 0; d < shape.dim_size(); ++d) {
           int64_t size = shape.dim(d).size();
-          PyTuple_SET_ITEM(entry, d, PyLong_FromLongLong(size < 0 ? -1 : size));
+          // -1: unknown; <= -2: a symbolic size, equal ids are equal sizes in this graph.
+          PyTuple_SET_ITEM(entry, d, PyLong_FromLongLong(size));
         }
       }
       PyList_SET_ITEM(shapes.obj, i, entry);

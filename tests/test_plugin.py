@@ -1,0 +1,102 @@
+"""AUTOFUSE_FLAGS end to end: the CPU plugin path, each case in a fresh process.
+
+The flags are read once, at import, so every case here starts its own Python with its own
+environment: the bundled example in both modes with fusion on and off (its op summary CSV
+is what users read), a tf.function and a Keras model with no config edit.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples/tensorflow/af_tf_eleandele/test_abs_relu_exp.py"
+FUSED = "autofuse_pointwise_0_Abs_Relu_Exp"
+ORIGINAL_TYPES = {"Abs", "Relu", "Exp", "_UnaryOpsComposition"}
+
+
+def python(args, flags, cwd, timeout=600):
+    env = dict(os.environ)
+    env.pop("AUTOFUSE_FLAGS", None)
+    env.pop("AUTOFUSE_DFX_FLAGS", None)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    if flags is not None:
+        env["AUTOFUSE_FLAGS"] = flags
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def op_summary(stdout):
+    line = next(l for l in stdout.splitlines() if l.startswith("op summary: "))
+    path = Path(line.split(": ", 1)[1])
+    assert path.parent.name == "mindstudio_profiler_output"
+    assert path.parent.parent.name.startswith("PROF_") and path.name.startswith("op_summary_")
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("mode", ["tf1", "tf2-compat"])
+def test_example_with_fusion_on(mode, tmp_path):
+    out = python([EXAMPLE, "--mode", mode, "--steps", "20"], "--enable_autofuse=true", tmp_path)
+    rows = op_summary(out)
+    types = {row["OP Type"] for row in rows}
+    fused = [row for row in rows if row["Op Name"] == FUSED]
+    assert len(fused) == 1 and fused[0]["OP Type"] == "AutofuseKernel"
+    assert fused[0]["Count"] == "20"
+    assert fused[0]["Input Shapes"] == "128,192" and fused[0]["Input Data Types"] == "FLOAT16"
+    assert fused[0]["Output Shapes"] == "128,192" and fused[0]["Output Data Types"] == "FLOAT16"
+    assert not types & ORIGINAL_TYPES, types
+    assert not [row for row in rows if row["Op Name"] in ("Abs", "Relu", "Exp")]
+    assert f"fusion on" in out and FUSED in out
+
+
+@pytest.mark.parametrize("mode", ["tf1", "tf2-compat"])
+def test_example_with_fusion_off(mode, tmp_path):
+    out = python([EXAMPLE, "--mode", mode, "--steps", "5"], None, tmp_path)
+    types = {row["OP Type"] for row in op_summary(out)}
+    assert "AutofuseKernel" not in types
+    assert {"Exp"} <= types and ("_UnaryOpsComposition" in types or {"Abs", "Relu"} <= types)
+
+
+def test_example_error_no_larger_than_unfused(tmp_path):
+    def error(flags):
+        out = python([EXAMPLE, "--steps", "1"], flags, tmp_path)
+        line = next(l for l in out.splitlines() if "float64 reference" in l)
+        return float(line.rsplit("=", 1)[1])
+    assert error("--enable_autofuse=true") <= error(None)
+
+
+def test_function_and_keras_run_fused_kernels_with_the_same_results(tmp_path):
+    on = json.loads(python([ROOT / "tests/scripts/function_and_keras.py", tmp_path / "on.npz"],
+                           "--enable_autofuse=true", tmp_path).splitlines()[-1])
+    off = json.loads(python([ROOT / "tests/scripts/function_and_keras.py", tmp_path / "off.npz"],
+                            None, tmp_path).splitlines()[-1])
+    assert on["fn_kernels"] == [FUSED]
+    assert not ORIGINAL_TYPES & set(on["fn_ops"])
+    assert off["fn_kernels"] == [] and "AutofuseKernel" not in off["fn_ops"]
+    assert on["keras_kernels"] == ["autofuse_pointwise_0_Sigmoid_Mul_Tanh"]
+    assert not {"Sigmoid", "Tanh", "Mul"} & set(on["keras_ops"])
+    assert {"Sigmoid", "Tanh", "Mul"} <= set(off["keras_ops"])
+
+    fused, unfused = np.load(tmp_path / "on.npz"), np.load(tmp_path / "off.npz")
+    x = fused["x"].astype(np.float64)
+    np.testing.assert_allclose(fused["fn"], unfused["fn"], rtol=1e-6)
+    np.testing.assert_allclose(fused["fn"], np.exp(np.abs(x)), rtol=1e-6)
+    for key in ("keras", "predict"):
+        np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-5, atol=1e-6)
+
+
+def test_bad_flag_value_stops_the_example_naming_the_key(tmp_path):
+    env = dict(os.environ, AUTOFUSE_FLAGS="--max_fusion_size=many", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "--max_fusion_size='many' is not valid; it accepts an integer >= 0" in proc.stderr

@@ -1,0 +1,221 @@
+"""The pass inside real v1 Sessions, through the named optimizer "AutofuseOptimizer".
+
+These tests ask for fusion per session (RewriterConfig.custom_optimizers, the way a user
+does without AUTOFUSE_FLAGS) and read the graph TensorFlow executed from the RunMetadata's
+partition graphs: structure first (which fused kernels, which original ops are gone), then
+numbers (fused vs unfused vs a float64 reference).
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
+
+import tf_autofuse
+from tf_autofuse import _bridge, _warn
+
+tf1 = tf.compat.v1
+OFF = rewriter_config_pb2.RewriterConfig.OFF
+ORIGINAL_TYPES = {"Abs", "Relu", "Exp", "_UnaryOpsComposition"}
+
+
+def config(fuse=True, **params):
+    cfg = tf1.ConfigProto()
+    rewrite = cfg.graph_options.rewrite_options
+    rewrite.use_plugin_optimizers = OFF  # only the named optimizer, whatever the env says
+    if fuse:
+        custom = rewrite.custom_optimizers.add()
+        custom.name = tf_autofuse.OPTIMIZER_NAME
+        for key, value in params.items():
+            custom.parameter_map[key].s = str(value).encode()
+    return cfg
+
+
+def run(build, feeds_fn, fuse=True, fetch_names=None, **params):
+    """Build a graph, run it once; returns (results, executed op types by node name)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        fetches, feeds = build()
+        with tf1.Session(graph=graph, config=config(fuse, **params)) as sess:
+            metadata = tf1.RunMetadata()
+            values = sess.run(fetches, feeds_fn(feeds),
+                              options=tf1.RunOptions(output_partition_graphs=True),
+                              run_metadata=metadata)
+    executed = {}
+    for partition in metadata.partition_graphs:
+        for node in partition.node:
+            executed[node.name] = node.op
+    return values, executed
+
+
+def fused_kernels(executed):
+    return sorted(name for name, op in executed.items() if op == "AutofuseKernel")
+
+
+def abs_relu_exp(dtype=tf.float16, shape=(128, 192)):
+    def build():
+        x = tf1.placeholder(dtype, shape, name="x")
+        y = tf.exp(tf.nn.relu(tf.abs(x)), name="y")
+        return y, x
+    return build
+
+
+def feed_rand(dtype, shape=(128, 192), seed=0):
+    def feeds(x):
+        data = np.random.default_rng(seed).uniform(-2, 2, shape)
+        return {x: data.astype(dtype)}
+    return feeds
+
+
+def f64_abs_relu_exp(x):
+    return np.exp(np.maximum(np.abs(x.astype(np.float64)), 0))
+
+
+def assert_no_worse_than_unfused(fused, unfused, reference, rtol):
+    fused64, unfused64 = fused.astype(np.float64), unfused.astype(np.float64)
+    np.testing.assert_allclose(fused64, unfused64, rtol=rtol, atol=0)
+    fused_err = np.max(np.abs(fused64 - reference) / np.maximum(np.abs(reference), 1e-30))
+    unfused_err = np.max(np.abs(unfused64 - reference) / np.maximum(np.abs(reference), 1e-30))
+    assert fused_err <= unfused_err * 1.0001 + 1e-7, (fused_err, unfused_err)
+
+
+@pytest.mark.parametrize("np_dtype,tf_dtype,rtol", [
+    (np.float16, tf.float16, 1e-3), (np.float32, tf.float32, 1e-6),
+    (np.float64, tf.float64, 1e-14)])
+def test_chain_is_one_kernel_with_unfused_results(np_dtype, tf_dtype, rtol):
+    fused, executed = run(abs_relu_exp(tf_dtype), feed_rand(np_dtype))
+    unfused, executed_off = run(abs_relu_exp(tf_dtype), feed_rand(np_dtype), fuse=False)
+
+    assert fused_kernels(executed) == ["autofuse_pointwise_0_Abs_Relu_Exp"]
+    assert not ORIGINAL_TYPES & set(executed.values())
+    assert executed["y"] == "Identity"  # the fetched node keeps its name
+    assert not fused_kernels(executed_off)
+    x = np.random.default_rng(0).uniform(-2, 2, (128, 192)).astype(np_dtype)
+    assert_no_worse_than_unfused(fused, unfused, f64_abs_relu_exp(x), rtol)
+
+
+def test_bfloat16_chain():
+    def build():
+        x = tf1.placeholder(tf.float32, [64, 33], name="x")
+        xb = tf.cast(x, tf.bfloat16)
+        return tf.cast(tf.sigmoid(tf.tanh(xb) * xb), tf.float32), x
+    fused, executed = run(build, feed_rand(np.float32, (64, 33)))
+    unfused, _ = run(build, feed_rand(np.float32, (64, 33)), fuse=False)
+    assert len(fused_kernels(executed)) == 1
+    np.testing.assert_allclose(fused, unfused, rtol=2 ** -7, atol=0)
+
+
+def test_fetch_the_middle_of_a_chain():
+    def build():
+        x = tf1.placeholder(tf.float32, [16, 16], name="x")
+        r = tf.nn.relu(tf.abs(x), name="r")
+        return [r, tf.exp(r, name="e")], x
+    (r, e), executed = run(build, feed_rand(np.float32, (16, 16)))
+    x = np.random.default_rng(0).uniform(-2, 2, (16, 16)).astype(np.float32)
+    assert len(fused_kernels(executed)) == 1
+    assert executed["r"] == "Identity" and executed["e"] == "Identity"
+    np.testing.assert_allclose(r, np.abs(x), rtol=0)
+    np.testing.assert_allclose(e, np.exp(np.abs(x)), rtol=1e-6)
+
+
+def test_feed_the_middle_of_a_chain():
+    fed = np.full((16, 16), 0.5, np.float32)
+
+    def build():
+        x = tf1.placeholder(tf.float32, [16, 16], name="x")
+        r = tf.nn.relu(tf.abs(x), name="r")
+        return tf.sqrt(tf.exp(r)), (x, r)
+
+    def feeds(tensors):
+        x, r = tensors
+        return {x: np.zeros((16, 16), np.float32), r: fed}
+    value, executed = run(build, feeds)
+    np.testing.assert_allclose(value, np.sqrt(np.exp(fed)), rtol=1e-6)
+    assert len(fused_kernels(executed)) == 1  # Exp and Sqrt still fuse after the fed value
+
+
+def test_control_dependencies_are_kept():
+    graph = tf.Graph()
+    with graph.as_default():
+        counter = tf1.Variable(0, name="counter", use_resource=True)
+        x = tf1.placeholder(tf.float32, [8], name="x")
+        bump = counter.assign_add(1)
+        with tf.control_dependencies([bump]):
+            y = tf.exp(tf.abs(x) * tf.abs(x))
+        with tf.control_dependencies([y]):
+            after = tf.identity(counter.read_value(), name="after")
+        with tf1.Session(graph=graph, config=config()) as sess:
+            sess.run(counter.initializer)
+            metadata = tf1.RunMetadata()
+            y_value, count = sess.run([y, after], {x: np.ones(8, np.float32)},
+                                      options=tf1.RunOptions(output_partition_graphs=True),
+                                      run_metadata=metadata)
+    ops = {n.name: n.op for p in metadata.partition_graphs for n in p.node}
+    assert len(fused_kernels(ops)) == 1
+    assert count == 1
+    np.testing.assert_allclose(y_value, np.exp(np.ones(8)), rtol=1e-6)
+
+
+def test_parameter_map_turns_fusion_off_for_one_session():
+    _, executed = run(abs_relu_exp(), feed_rand(np.float16), max_fusion_size=0)
+    assert not fused_kernels(executed)
+    _, executed = run(abs_relu_exp(), feed_rand(np.float16), enable_autofuse="false")
+    assert not fused_kernels(executed)
+
+
+def test_bad_parameter_map_value_warns_and_runs_unfused():
+    _warn.reset()
+    with pytest.warns(tf_autofuse.AutofuseWarning, match="--max_fusion_size"):
+        value, executed = run(abs_relu_exp(), feed_rand(np.float16), max_fusion_size="lots")
+    assert not fused_kernels(executed)
+    assert value.shape == (128, 192)
+
+
+def test_rewriter_failure_leaves_the_session_running_unfused(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("forced failure from a test")
+    monkeypatch.setattr(tf_autofuse.rewriter, "rewrite", broken)
+    _warn.reset()
+    with pytest.warns(tf_autofuse.AutofuseWarning) as caught:
+        first, executed = run(abs_relu_exp(tf.float32), feed_rand(np.float32))
+        second, _ = run(abs_relu_exp(tf.float32), feed_rand(np.float32))
+    messages = [str(w.message) for w in caught if issubclass(w.category, tf_autofuse.AutofuseWarning)]
+    assert len(messages) == 1, messages
+    assert "forced failure from a test" in messages[0] and "runs unfused" in messages[0]
+    assert not fused_kernels(executed)
+    x = np.random.default_rng(0).uniform(-2, 2, (128, 192)).astype(np.float32)
+    np.testing.assert_allclose(first, f64_abs_relu_exp(x), rtol=1e-6)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_graphs_without_candidates_never_reach_python(monkeypatch):
+    calls = []
+    real = _bridge.optimize
+    monkeypatch.setattr(_bridge, "optimize", lambda *a: calls.append(1) or real(*a))
+
+    def matmul_only():
+        x = tf1.placeholder(tf.float32, [4, 4], name="x")
+        return tf.matmul(tf.matmul(x, x), x), x
+    run(matmul_only, feed_rand(np.float32, (4, 4)))
+    assert calls == []
+    run(abs_relu_exp(tf.float32), feed_rand(np.float32))
+    assert calls
+
+
+def test_debug_dump_writes_graphs_and_programs(tmp_path):
+    run(abs_relu_exp(), feed_rand(np.float16), codegen_compile_debug="true",
+        debug_dir=str(tmp_path))
+    program = tmp_path / "autofuse_pointwise_0_Abs_Relu_Exp.program.txt"
+    assert program.read_text() == (
+        "in0: f16[128,192]\n%0 = Abs in0\n%1 = Relu %0\n%2 = Exp %1\nout0 = %2\n")
+    assert list(tmp_path.glob("graph_*_before.pbtxt"))
+    after = list(tmp_path.glob("graph_*_after.pbtxt"))
+    assert any('op: "AutofuseKernel"' in path.read_text() for path in after)
+    assert list(tmp_path.glob("graph_*_refusals.txt"))
+
+
+def test_same_graph_same_names_and_bits():
+    first, executed_a = run(abs_relu_exp(tf.float32), feed_rand(np.float32, seed=3))
+    second, executed_b = run(abs_relu_exp(tf.float32), feed_rand(np.float32, seed=3))
+    assert fused_kernels(executed_a) == fused_kernels(executed_b)
+    assert first.tobytes() == second.tobytes()
