@@ -15,4 +15,4 @@ if ! command -v "${CXX:-g++}" >/dev/null 2>&1; then
 fi
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[test]"
 # Build (or find in the cache) the kernel library now rather than inside the first test.
-"$PYTHON" -m tf_autofuse._build
+"$PYTHON" -c "from tf_autofuse import _build; print(_build.library_path())"
