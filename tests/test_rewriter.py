@@ -610,7 +610,6 @@ def test_deterministic(g):
     first = rewriter.optimize(g, preserve=["e"])
     second = rewriter.optimize(graph_pb2.GraphDef.FromString(g.SerializeToString()), preserve=["e"])
     assert serialized(first) == serialized(second)
-    assert first.SerializeToString() == second.SerializeToString()
 
 
 @pytest.mark.parametrize("g", list(_sample_graphs()))
