@@ -100,3 +100,41 @@ def test_bad_flag_value_stops_the_example_naming_the_key(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     assert "--max_fusion_size='many' is not valid; it accepts an integer >= 0" in proc.stderr
+
+
+# The broadcast and reduce examples: (script, flags that fuse, fused kernel, original op types).
+OTHER_EXAMPLES = {
+    "broadcast": (ROOT / "examples/tensorflow/af_tf_eleandbroadcast/test_abs_add_relu.py",
+                  "--enable_autofuse=true", "autofuse_pointwise_0_Abs_AddV2_Relu",
+                  {"Abs", "AddV2", "Relu"}),
+    "reduce": (ROOT / "examples/tensorflow/af_tf_eleandreduce/test_abs_reducesum.py",
+               "--enable_autofuse=true;--autofuse_enable_pass=reduce", "autofuse_reduce_0_Abs_Sum",
+               {"Abs", "Sum"}),
+}
+
+
+def _error(stdout):
+    line = next(l for l in stdout.splitlines() if "float64 reference" in l)
+    return float(line.rsplit("=", 1)[1])
+
+
+@pytest.mark.parametrize("mode", ["tf1", "tf2-compat"])
+@pytest.mark.parametrize("example", sorted(OTHER_EXAMPLES))
+def test_other_examples_fuse_with_the_flag_and_not_without(example, mode, tmp_path):
+    script, flags, fused_name, originals = OTHER_EXAMPLES[example]
+    on = python([script, "--mode", mode, "--steps", "5"], flags, tmp_path)
+    off = python([script, "--mode", mode, "--steps", "5"], None, tmp_path)
+    on_rows, off_rows = op_summary(on), op_summary(off)
+    fused = [row for row in on_rows if row["Op Name"] == fused_name]
+    assert len(fused) == 1 and fused[0]["OP Type"] == "AutofuseKernel", on
+    assert not {row["OP Type"] for row in on_rows} & originals
+    assert originals <= {row["OP Type"] for row in off_rows}
+    assert "AutofuseKernel" not in {row["OP Type"] for row in off_rows}
+    assert _error(on) <= _error(off)
+
+
+def test_reduce_stays_unfused_without_its_pass(tmp_path):
+    script, _, _, _ = OTHER_EXAMPLES["reduce"]
+    rows = op_summary(python([script, "--steps", "2"], "--enable_autofuse=true", tmp_path))
+    assert "Sum" in {row["OP Type"] for row in rows}
+    assert not [row for row in rows if row["Op Name"].startswith("autofuse_reduce_")]
