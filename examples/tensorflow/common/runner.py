@@ -24,6 +24,8 @@ def _parse_args(description: str, argv):
     parser.add_argument("--mode", choices=["tf1", "tf2-compat"], default="tf1",
                         help="tf1: TF1 graph API on TF2; tf2-compat: TF2 switched to v1 behaviour")
     parser.add_argument("--steps", type=int, default=100, help="session steps to run (default 100)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="numpy seed of the random inputs (default 0: runs are comparable)")
     parser.add_argument("--profile-dir", default="./profiling",
                         help="where the op summary is written (default ./profiling)")
     args = parser.parse_args(argv)
@@ -46,6 +48,7 @@ def main(build, reference, description: str, argv=None) -> int:
     print(f"mode {args.mode}, TensorFlow {tf.__version__}, "
           f"fusion {'on' if fused else 'off'} (AUTOFUSE_FLAGS={os.environ.get('AUTOFUSE_FLAGS', '')!r})")
 
+    np.random.seed(args.seed)
     graph = tf.Graph()
     with graph.as_default():
         feeds, fetch = build(tf1)
