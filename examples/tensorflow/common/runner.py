@@ -26,6 +26,7 @@ def _parse_args(description: str, argv):
     parser.add_argument("--steps", type=int, default=100, help="session steps to run (default 100)")
     parser.add_argument("--seed", type=int, default=0,
                         help="numpy seed of the random inputs (default 0: runs are comparable)")
+    parser.add_argument("--save", metavar="FILE.npy", help="also save the last step's result")
     parser.add_argument("--profile-dir", default="./profiling",
                         help="where the op summary is written (default ./profiling)")
     args = parser.parse_args(argv)
@@ -60,6 +61,8 @@ def main(build, reference, description: str, argv=None) -> int:
                                   run_metadata=metadata)
                 summary.add(metadata)
     path = summary.write()
+    if args.save:
+        np.save(args.save, result)
 
     expected = reference({placeholder.name.split(":")[0]: value
                           for placeholder, value in feeds.items()})
