@@ -1,0 +1,1 @@
+"""The tf_autofuse benchmark suite: `python benchmarks/run.py --help`."""
