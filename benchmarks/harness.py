@@ -61,14 +61,14 @@ QUICK_WARMUP = 1
 # are the plumbing of XLA's lazily compiled clusters).
 BOOKKEEPING_OPS = frozenset({"_Arg", "_Retval", "Const", "NoOp", "ReadVariableOp", "Identity",
                              "VarHandleOp", "AssignVariableOp", "Switch", "Merge", "_SOURCE",
-                             "_SINK", "_Recv", "_Send"})
+                             "_SINK", "_Recv", "_Send", "_DeviceArg", "_DeviceRetval"})
 AUTOFUSE_OPS = frozenset({"AutofuseKernel"})
 XLA_OPS = frozenset({"_XlaCompile", "_XlaRun"})
 
 
 def grappler_fused(op: str) -> bool:
     """Op types Grappler's arithmetic optimizer and remapper create."""
-    return op == "_UnaryOpsComposition" or op.startswith("_Fused")
+    return op == "_UnaryOpsComposition" or (op.startswith("_") and "Fused" in op)
 
 
 def fused_kind(op: str) -> str | None:
@@ -146,7 +146,8 @@ def _kernel_report(op_by_node: dict[str, str], source: str) -> dict:
     return {"kernel_source": source, "kernels": len(compute),
             "kernels_by_type": dict(by_type.most_common()),
             "op_types": sorted(by_type),
-            "fused": sorted(n for n, op in compute.items() if op in AUTOFUSE_OPS),
+            "fused": sorted(n.split("/", 1)[-1] if source.startswith("executed tf.function")
+                            else n for n, op in compute.items() if op in AUTOFUSE_OPS),
             "fused_by_kind": dict(Counter(k for op in compute.values()
                                           if (k := fused_kind(op))))}
 
@@ -553,6 +554,8 @@ def summarize(results: list[dict]) -> dict:
         "kernel_source": last.get("kernel_source"),
         "max_error": None if any(e is None for e in errors)
         else max(errors, key=lambda e: math.inf if math.isnan(e) else e),
+        "values_ok": None if any(r.get("values_ok") is None for r in good)
+        else all(r["values_ok"] for r in good),
         "check": last.get("check"), "verdict": worst,
         "verified": worst in VERIFIED,
         "warnings": sorted({w for r in good for w in r.get("warnings", [])}),
