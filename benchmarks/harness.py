@@ -625,7 +625,8 @@ def versus_best(row: dict, modes: list[str]) -> str:
     if "median_ms" not in fuse:
         return "error"
     best = min(others, key=others.get)
-    return f"{others[best] / fuse['median_ms']:.2f}x vs {best}"
+    text = f"{others[best] / fuse['median_ms']:.2f}x vs {best}"
+    return text + (f" ({fuse['verdict']})" if fuse.get("verdict") not in (None, "ok") else "")
 
 
 def render(data: dict) -> str:
@@ -772,17 +773,28 @@ def plot(data: dict, path: str) -> str:
         return f"--plot {path}: nothing to plot (needs tf-default and another mode)"
     width = 0.8 / len(modes)
     fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(names) * len(modes) / 2 + 3), 5))
+    from matplotlib.ticker import FuncFormatter
+
     for i, mode in enumerate(modes):
         values = [summary[n]["tf-default"]["median_ms"] / summary[n][mode]["median_ms"]
                   if "median_ms" in summary[n].get(mode, {}) else 0.0 for n in names]
-        ax.bar([x + (i - (len(modes) - 1) / 2) * width for x in range(len(names))], values,
-               width, label=mode)
+        bars = ax.bar([x + (i - (len(modes) - 1) / 2) * width for x in range(len(names))],
+                      values, width, label=mode)
+        for bar, name in zip(bars, names):  # hatched: the mode's fused kernel did not run
+            if summary[name].get(mode, {}).get("verdict") in ("not fused", "not clustered"):
+                bar.set_hatch("//")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=45, ha="right")
     ax.set_ylabel("speed-up over TF default (higher is better)")
     ax.set_yscale("log")
-    ax.set_title(f"tf_autofuse benchmark suite, median of {data['options']['rounds']} round(s)")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(
+        lambda v, _: f"{v:g}x" if f"{v:e}"[0] in "235" else ""))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.set_title(f"tf_autofuse benchmark suite: TF default step time / mode step time, median "
+                 f"of {data['options']['rounds']} round(s)\nhatched: not fused (autofuse) or not "
+                 f"clustered (xla); {data['machine']}", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -811,6 +823,8 @@ def run_suite(opts, log=sys.stderr) -> dict:
                 print(f"  round {round_index}  {result['workload']:<20} {mode:<10} {status}",
                       file=log, flush=True)
         reference = check_model_outputs(cells, opts.modes)
+        for cell in cells:
+            cell.pop("output_file", None)  # in the temporary directory, gone after the run
     loads.append(os.getloadavg()[0])
     summary = {}
     for name in names:

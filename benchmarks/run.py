@@ -69,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--plot", metavar="OUT.png",
                         help="bar chart of the speed-ups over TF default (needs matplotlib)")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument("--render", metavar="IN.json",
+                        help="print the tables of an earlier run's --json (and --plot it); "
+                             "runs nothing")
     parser.add_argument("--worker", metavar="MODE", help=argparse.SUPPRESS)
     parser.add_argument("--round", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
@@ -104,12 +107,15 @@ def main(argv=None) -> int:
             workload = wl.get(name, args.quick)
             print(f"{name:<20} {workload.kind:<6} {workload.title}")
         return 0
-    data = harness.run_suite(args)
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+    else:
+        data = harness.run_suite(args)
     print(harness.header_text(data))
     print()
     print(harness.render(data))
     print(f"\ntotal {data['seconds']:.0f} s, {data['busy_note']}")
-    if args.json:
+    if args.json and not args.render:
         Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
         print(f"results: {args.json}")
     if args.plot:

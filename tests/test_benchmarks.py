@@ -198,3 +198,10 @@ def test_summary_render_and_plot_on_synthetic_cells(tmp_path):
     assert "5.00 ±20%" in text and "2.00x vs tf-default" in text and "2.50x" in text
     message = harness.plot(data, str(tmp_path / "p.png"))
     assert message.startswith("plot: ") or "matplotlib is not installed" in message
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    message = harness.plot({"summary": {}, "modes": []}, str(tmp_path / "p.png"))
+    assert "matplotlib is not installed" in message and "pip install matplotlib" in message
+    assert not (tmp_path / "p.png").exists()
