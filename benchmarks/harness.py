@@ -794,7 +794,7 @@ def plot(data: dict, path: str) -> str:
     ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_title(f"tf_autofuse benchmark suite: TF default step time / mode step time, median "
                  f"of {data['options']['rounds']} round(s)\nhatched: not fused (autofuse) or not "
-                 f"clustered (xla); {data['machine']}", fontsize=9)
+                 f"clustered (xla); {data.get('machine', '')}", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
