@@ -677,16 +677,22 @@ def render(data: dict) -> str:
             ["workload"] + modes + ["copy ms", "copied"], lines))
 
     lines = []
+    delta = "autofuse" in modes and "tf-default" in modes
     for name in names:
         line = [name]
         for mode in modes:
             cell = summary[name].get(mode)
             line.append("-" if not cell else "error" if "error" in cell else
                         f"{format_ms(cell['first_ms'])} ({format_ms(cell['warmup_max_ms'])})")
+        if delta:
+            fuse, default = summary[name].get("autofuse", {}), summary[name].get("tf-default", {})
+            line.append(f"{fuse['first_ms'] - default['first_ms']:+.1f}"
+                        if "first_ms" in fuse and "first_ms" in default else "-")
         lines.append(line)
     parts.append(_table("first step, ms (graph rewriting, XLA compilation, tf.function tracing; "
                         "in brackets the slowest warm-up step, where XLA's lazy compilation "
-                        "may land instead):", ["workload"] + modes, lines))
+                        "may land instead):", ["workload"] + modes
+                        + (["autofuse - tf-default"] if delta else []), lines))
 
     lines = []
     for name in names:
