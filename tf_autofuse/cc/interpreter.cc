@@ -83,7 +83,8 @@ namespace tf_autofuse {
 namespace {
 
 // The type values are computed in: 16-bit floats are computed in fp32; bool is a byte, 0 or 1.
-enum class ComputeType : uint8_t { kF32, kF64, kI32, kBool };
+// kI64 is only an accumulator type (i32 Mean).
+enum class ComputeType : uint8_t { kF32, kF64, kI32, kBool, kI64 };
 
 ComputeType ComputeTypeOf(DType dtype) {
   switch (dtype) {
@@ -101,6 +102,7 @@ ComputeType ComputeTypeOf(DType dtype) {
 int ComputeSize(ComputeType type) {
   switch (type) {
     case ComputeType::kF64:
+    case ComputeType::kI64:
       return 8;
     case ComputeType::kBool:
       return 1;
@@ -129,9 +131,10 @@ constexpr int64_t kMaxTile = 4096;
 // the output in cache.
 constexpr int64_t kStreamBytes = 16 << 20;
 
-// The accumulator type of a reduction of `dtype` values.
+// The accumulator type of a reduction of `dtype` values. An i32 Mean sums in int64, as
+// TensorFlow's does (its Sum wraps, its Mean does not).
 ComputeType AccumulatorType(OpCode op, DType dtype) {
-  if (dtype == DType::kI32) return ComputeType::kI32;
+  if (dtype == DType::kI32) return op == OpCode::kMean ? ComputeType::kI64 : ComputeType::kI32;
   if (op == OpCode::kMax || op == OpCode::kMin) return ComputeTypeOf(dtype);
   return dtype == DType::kF16 || dtype == DType::kBF16 ? ComputeType::kF32 : ComputeType::kF64;
 }
@@ -211,7 +214,8 @@ struct PlanSet {
   int64_t scratch_bytes = 0;           // slots, reduced buffers and accumulators
   int64_t reduced_offset = 0;          // where the reduced buffers start in the scratch
   int64_t accumulator_offset = 0;      // where the accumulators start
-  int64_t buffer_bytes = 0;            // one reduced buffer or accumulator
+  int64_t buffer_bytes = 0;            // one reduced buffer; an accumulator takes two (the
+                                       // second holds the compensation of f64 sums/products)
   int64_t output_bytes = 0;            // per element, full outputs together
   std::vector<std::vector<int>> forwardable;
 };
@@ -289,7 +293,7 @@ class Planner {
         if (needed[i]) EmitInstruction(i);
         const Instruction& inst = program_.instructions[i];
         if (pass_.kind == Pass::Kind::kAccumulate && IsReduction(inst.op) &&
-            inst.level == pass_.level) {
+            !inst.of_reduced && inst.level == pass_.level) {
           EmitAccumulate(i);
         }
       }
@@ -324,7 +328,9 @@ class Planner {
       for (const Output& out : program_.outputs) mark(out.operand);
     } else {
       for (const Instruction& inst : program_.instructions) {
-        if (IsReduction(inst.op) && inst.level == pass_.level) mark(inst.operands[0]);
+        if (IsReduction(inst.op) && !inst.of_reduced && inst.level == pass_.level) {
+          mark(inst.operands[0]);
+        }
       }
     }
     for (int i = n - 1; i >= 0; --i) {
@@ -482,7 +488,7 @@ class Planner {
       const Instruction& inst = program_.instructions[i];
       if (!inst.reduced || inst.level != pass_.level) continue;
       Step step;
-      if (IsReduction(inst.op)) {
+      if (IsReduction(inst.op) && !inst.of_reduced) {
         step.kind = Step::Kind::kFinalize;
         step.op = inst.op;
         step.dtype = inst.operand_dtype;
@@ -1366,7 +1372,9 @@ A Identity(OpCode op) {
 // The combining functions; i32 wraps, Max/Min propagate NaN.
 template <typename A, typename F>
 void WithCombine(OpCode op, F body) {
-  if constexpr (std::is_same_v<A, int32_t>) {
+  if constexpr (std::is_same_v<A, int64_t>) {  // i32 Mean
+    return body([](A a, A x) { return a + x; });
+  } else if constexpr (std::is_same_v<A, int32_t>) {
     switch (op) {
       case OpCode::kProd:
         return body([](A a, A x) { return Wrap(U(a) * U(x)); });
@@ -1391,6 +1399,47 @@ void WithCombine(OpCode op, F body) {
   }
 }
 
+// f64 sums and products carry a compensation term (`comp`, next to the accumulator): Neumaier's
+// for sums, the exact FMA residual for products. Without it an f64 reduction would be no more
+// accurate than TensorFlow's (it has no wider type to accumulate in), and as the order differs,
+// often less.
+inline void CompensatedAdd(double& s, double& c, double x) {
+  const double t = s + x;
+  c += std::abs(s) >= std::abs(x) ? (s - t) + x : (x - t) + s;
+  s = t;
+}
+inline void CompensatedMul(double& p, double& e, double x) {
+  const double q = p * x;
+  e = std::fma(e, x, std::fma(p, x, -q));
+  p = q;
+}
+
+bool Compensated(OpCode op, ComputeType src, ComputeType acc) {
+  return src == ComputeType::kF64 && acc == ComputeType::kF64 &&
+         (op == OpCode::kSum || op == OpCode::kMean || op == OpCode::kProd);
+}
+
+void AccumulateCompensated(OpCode op, const double* x, double* acc, double* comp, int64_t n,
+                           bool lanes) {
+  const bool sum = op != OpCode::kProd;
+  auto update = [sum](double& a, double& c, double v) {
+    if (sum) {
+      CompensatedAdd(a, c, v);
+    } else {
+      CompensatedMul(a, c, v);
+    }
+  };
+  if (lanes) {
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int64_t l = 0; l < kLanes; ++l) update(acc[l], comp[l], x[i + l]);
+    }
+    for (; i < n; ++i) update(acc[i % kLanes], comp[i % kLanes], x[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) update(acc[i], comp[i], x[i]);
+  }
+}
+
 template <typename S, typename A>
 void AccumulateAs(OpCode op, const S* x, A* acc, int64_t n, bool lanes) {
   WithCombine<A>(op, [&](auto f) {
@@ -1406,7 +1455,14 @@ void AccumulateAs(OpCode op, const S* x, A* acc, int64_t n, bool lanes) {
   });
 }
 
-void Accumulate(const Step& step, const char* src, char* acc, int64_t n, bool lanes) {
+void Accumulate(const Step& step, const char* src, char* acc, char* comp, int64_t n,
+                bool lanes) {
+  if (Compensated(step.op, step.src_ctype, step.acc_ctype)) {
+    AccumulateCompensated(step.op, reinterpret_cast<const double*>(src),
+                          reinterpret_cast<double*>(acc), reinterpret_cast<double*>(comp), n,
+                          lanes);
+    return;
+  }
   switch (step.src_ctype) {
     case ComputeType::kF32:
       if (step.acc_ctype == ComputeType::kF64) {
@@ -1422,10 +1478,15 @@ void Accumulate(const Step& step, const char* src, char* acc, int64_t n, bool la
                    n, lanes);
       break;
     case ComputeType::kI32:
-      AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
-                   reinterpret_cast<int32_t*>(acc), n, lanes);
+      if (step.acc_ctype == ComputeType::kI64) {
+        AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
+                     reinterpret_cast<int64_t*>(acc), n, lanes);
+      } else {
+        AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
+                     reinterpret_cast<int32_t*>(acc), n, lanes);
+      }
       break;
-    case ComputeType::kBool:
+    default:
       break;
   }
 }
@@ -1435,7 +1496,8 @@ void InitAccumulatorAs(OpCode op, A* acc, int64_t n) {
   std::fill_n(acc, n, Identity<A>(op));
 }
 
-void InitAccumulator(const Step& finalize, char* acc, int64_t n) {
+void InitAccumulator(const Step& finalize, char* acc, char* comp, int64_t n) {
+  std::memset(comp, 0, n * sizeof(double));
   switch (finalize.acc_ctype) {
     case ComputeType::kF32:
       InitAccumulatorAs(finalize.op, reinterpret_cast<float*>(acc), n);
@@ -1445,6 +1507,9 @@ void InitAccumulator(const Step& finalize, char* acc, int64_t n) {
       break;
     case ComputeType::kI32:
       InitAccumulatorAs(finalize.op, reinterpret_cast<int32_t*>(acc), n);
+      break;
+    case ComputeType::kI64:
+      InitAccumulatorAs(finalize.op, reinterpret_cast<int64_t*>(acc), n);
       break;
     case ComputeType::kBool:
       break;
@@ -1458,7 +1523,7 @@ void FinalizeAs(OpCode op, const A* acc, V* out, int64_t valid, int64_t count, b
                 int64_t reduce) {
   auto finish = [&](A a) -> V {
     if (op != OpCode::kMean) return static_cast<V>(a);
-    if constexpr (std::is_same_v<A, int32_t>) {
+    if constexpr (std::is_integral_v<A>) {
       return reduce == 0 ? V(0) : static_cast<V>(static_cast<int64_t>(a) / reduce);
     } else {
       return static_cast<V>(a / static_cast<A>(reduce));  // 0 / 0 = NaN
@@ -1476,8 +1541,40 @@ void FinalizeAs(OpCode op, const A* acc, V* out, int64_t valid, int64_t count, b
   }
 }
 
-void Finalize(const Step& step, const char* acc, char* out, int64_t valid, int64_t count,
-              bool lanes, int64_t reduce) {
+// Compensated f64 accumulators: the lanes (or each element) folded together with their
+// compensation terms, then finished like the others.
+void FinalizeCompensated(OpCode op, const double* acc, const double* comp, double* out,
+                         int64_t valid, int64_t count, bool lanes, int64_t reduce) {
+  const bool sum = op != OpCode::kProd;
+  auto finish = [&](double a) { return op == OpCode::kMean ? a / static_cast<double>(reduce) : a; };
+  if (lanes) {
+    double a = sum ? 0.0 : 1.0, c = 0.0;
+    for (int64_t l = 0; l < kLanes; ++l) {
+      if (sum) {
+        CompensatedAdd(a, c, acc[l]);
+        c += comp[l];
+      } else {
+        // (a + c) * (p + e) ~ a*p + (c*p + a*e): the product of the two error terms is dropped
+        const double q = a * acc[l];
+        c = std::fma(a, acc[l], -q) + c * acc[l] + a * comp[l];
+        a = q;
+      }
+    }
+    std::fill_n(out, count, finish(a + c));
+  } else {
+    for (int64_t i = 0; i < valid; ++i) out[i] = finish(acc[i] + comp[i]);
+    std::fill(out + valid, out + count, 0.0);
+  }
+}
+
+void Finalize(const Step& step, const char* acc, const char* comp, char* out, int64_t valid,
+              int64_t count, bool lanes, int64_t reduce) {
+  if (Compensated(step.op, step.src_ctype, step.acc_ctype)) {
+    FinalizeCompensated(step.op, reinterpret_cast<const double*>(acc),
+                        reinterpret_cast<const double*>(comp), reinterpret_cast<double*>(out),
+                        valid, count, lanes, reduce);
+    return;
+  }
   switch (step.acc_ctype) {
     case ComputeType::kF32:
       FinalizeAs(step.op, reinterpret_cast<const float*>(acc), reinterpret_cast<float*>(out),
@@ -1496,7 +1593,11 @@ void Finalize(const Step& step, const char* acc, char* out, int64_t valid, int64
       FinalizeAs(step.op, reinterpret_cast<const int32_t*>(acc), reinterpret_cast<int32_t*>(out),
                  valid, count, lanes, reduce);
       break;
-    case ComputeType::kBool:
+    case ComputeType::kI64:
+      FinalizeAs(step.op, reinterpret_cast<const int64_t*>(acc), reinterpret_cast<int32_t*>(out),
+                 valid, count, lanes, reduce);
+      break;
+    default:
       break;
   }
 }
@@ -1591,8 +1692,56 @@ void RunSelectAs(const Step& step, const char* const* src, char* dst, int64_t co
                MakeArg<T>(step.src[2], src[2], scalar_reduced), reinterpret_cast<T*>(dst), count);
 }
 
+// A reduction of a value that is 1 along the reduced axes, i.e. R copies of x.
+template <typename T>
+void RunReduceOfReduced(OpCode op, const T* x, T* out, int64_t n, int64_t reduce) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = x[i];
+    T r = v;
+    if (reduce == 0) {
+      r = op == OpCode::kMean && !std::is_integral_v<T> ? std::numeric_limits<T>::quiet_NaN()
+                                                        : Identity<T>(op == OpCode::kMean
+                                                                          ? OpCode::kSum
+                                                                          : op);
+    } else if constexpr (std::is_integral_v<T>) {
+      if (op == OpCode::kSum) {
+        r = Wrap(U(v) * static_cast<uint32_t>(reduce));
+      } else if (op == OpCode::kProd) {
+        uint32_t p = 1, b = U(v);
+        for (int64_t e = reduce; e > 0; e >>= 1, b *= b) {
+          if (e & 1) p *= b;
+        }
+        r = Wrap(p);
+      }
+    } else {
+      if (op == OpCode::kSum) r = static_cast<T>(static_cast<double>(v) * reduce);
+      if (op == OpCode::kProd) r = static_cast<T>(std::pow(static_cast<double>(v), reduce));
+    }
+    out[i] = r;
+  }
+}
+
 void RunCompute(const Step& step, const char* const* src, char* dst, int64_t count,
-                bool scalar_reduced) {
+                bool scalar_reduced, int64_t reduce) {
+  if (IsReduction(step.op)) {
+    switch (step.ctype) {
+      case ComputeType::kF32:
+        RunReduceOfReduced(step.op, reinterpret_cast<const float*>(src[0]),
+                           reinterpret_cast<float*>(dst), count, reduce);
+        break;
+      case ComputeType::kF64:
+        RunReduceOfReduced(step.op, reinterpret_cast<const double*>(src[0]),
+                           reinterpret_cast<double*>(dst), count, reduce);
+        break;
+      case ComputeType::kI32:
+        RunReduceOfReduced(step.op, reinterpret_cast<const int32_t*>(src[0]),
+                           reinterpret_cast<int32_t*>(dst), count, reduce);
+        break;
+      default:
+        break;
+    }
+    return;
+  }
   switch (step.op) {
     case OpCode::kCast:
       RunCast(step.src_ctype, step.dtype, src[0], dst, count);
@@ -1729,7 +1878,7 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
       case Loc::Kind::kReduced:
         return frame.scratch + plans.reduced_offset + loc.index * plans.buffer_bytes;
       case Loc::Kind::kAccumulator:
-        return frame.scratch + plans.accumulator_offset + loc.index * plans.buffer_bytes;
+        return frame.scratch + plans.accumulator_offset + loc.index * 2 * plans.buffer_bytes;
       case Loc::Kind::kImmediate:
         break;
     }
@@ -1753,7 +1902,7 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
         const char* src[3] = {address(step.src[0]),
                               step.num_src > 1 ? address(step.src[1]) : nullptr,
                               step.num_src > 2 ? address(step.src[2]) : nullptr};
-        RunCompute(step, src, address(step.dst), count, scalar_reduced);
+        RunCompute(step, src, address(step.dst), count, scalar_reduced, frame.run.reduce);
         break;
       }
       case Step::Kind::kConvertStore:
@@ -1765,13 +1914,17 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
         if (src != dst) Copy(src, dst, valid * DTypeSize(step.dtype), step.stream);
         break;
       }
-      case Step::Kind::kAccumulate:
-        Accumulate(step, address(step.src[0]), address(step.dst), valid, frame.lanes);
+      case Step::Kind::kAccumulate: {
+        char* acc = address(step.dst);
+        Accumulate(step, address(step.src[0]), acc, acc + plans.buffer_bytes, valid, frame.lanes);
         break;
-      case Step::Kind::kFinalize:
-        Finalize(step, address(step.src[0]), address(step.dst), valid, count, frame.lanes,
-                 frame.run.reduce);
+      }
+      case Step::Kind::kFinalize: {
+        const char* acc = address(step.src[0]);
+        Finalize(step, acc, acc + plans.buffer_bytes, address(step.dst), valid, count,
+                 frame.lanes, frame.run.reduce);
         break;
+      }
     }
   }
 }
@@ -1867,7 +2020,7 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
   set->reduced_offset = most_slots * set->slot_bytes;
   set->accumulator_offset = set->reduced_offset + set->num_reduced * set->buffer_bytes;
   set->scratch_bytes =
-      set->accumulator_offset + set->num_accumulators * set->buffer_bytes;
+      set->accumulator_offset + set->num_accumulators * 2 * set->buffer_bytes;
 
   set->forwardable.resize(program_.outputs.size());
   for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
@@ -2084,9 +2237,9 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
       for (int p = 1; p <= program_.num_levels; ++p) {
         for (const Step& step : plans.finalize[p].steps) {
           if (step.kind != Step::Kind::kFinalize) continue;
-          InitAccumulator(step,
-                          scratch + plans.accumulator_offset +
-                              step.src[0].index * plans.buffer_bytes,
+          char* acc = scratch + plans.accumulator_offset +
+                      step.src[0].index * 2 * plans.buffer_bytes;
+          InitAccumulator(step, acc, acc + plans.buffer_bytes,
                           frame.lanes ? kLanes : reduced_count);
         }
         for_tiles(plans.accumulate[p - 1], false);

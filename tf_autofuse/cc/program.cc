@@ -640,15 +640,18 @@ class Parser {
           return Error(absl::StrCat("axis ", inst.axes.back(), " is out of range for rank ", rank,
                                     " (the rank of the iteration shape)"));
         }
+        // A value or input that is 1 along the reduced axes may be reduced: the reduced axes
+        // are then 1 in the iteration shape too (the rewriter never reduces a broadcast
+        // dimension), as in a layer norm over a dimension of size 1.
         const Operand& x = inst.operands[0];
-        if (x.kind == Operand::Kind::kImmediate || p.IsReduced(x)) {
-          return Error(absl::StrCat(
-              "the operand of ", GetOpInfo(inst.op).name,
-              " must be a full value (not an immediate, a reduced value, or an input that is 1 "
-              "along every reduced axis)"));
+        if (x.kind == Operand::Kind::kImmediate) {
+          return Error(absl::StrCat("the operand of ", GetOpInfo(inst.op).name,
+                                    " must be a value or an input, not an immediate"));
         }
         inst.reduced = true;
-        inst.level = (x.kind == Operand::Kind::kValue ? p.instructions[x.index].level : 0) + 1;
+        inst.of_reduced = x.kind == Operand::Kind::kValue && p.IsReduced(x);
+        inst.level = (x.kind == Operand::Kind::kValue ? p.instructions[x.index].level : 0) +
+                     (inst.of_reduced ? 0 : 1);
       } else {
         inst.reduced = true;
         for (int i = 0; i < inst.num_operands; ++i) {

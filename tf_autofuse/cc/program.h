@@ -115,6 +115,10 @@ struct Instruction {
   DType to = DType::kF32;             // Cast
   std::vector<int> axes;              // reductions
   bool reduced = false;               // a reduced value (see Reductions in PROGRAM.md)
+  // A reduction of a reduced value: its operand is 1 along the reduced axes, so it is computed
+  // from the operand elementwise (Sum: x * R, Mean, Max, Min: x, Prod: x^R), at the operand's
+  // level. This is what a reduction over dimensions of size 1 becomes.
+  bool of_reduced = false;
   int level = 0;                      // reductions it depends on, in a chain
   int line = 0;                       // 1-based line in the text, for messages
 };
