@@ -673,3 +673,58 @@ def test_reduction_of_reduced_values(ops):
                                                         keepdims=True).numpy(), rtol=1e-6)
     np.testing.assert_array_equal(m.numpy(), mx.numpy())
     np.testing.assert_allclose(p.numpy(), mx.numpy() ** 5, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark: python tests/test_kernel_broadcast_reduce.py --bench
+
+def benchmark():
+    from test_kernel import _median_ms
+
+    os.environ.pop("AUTOFUSE_FLAGS", None)  # TensorFlow's own ops must run unfused
+    ops = _load_module()
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(4096, 4096)).astype(np.float32))
+    bias = tf.constant(rng.normal(size=(4096,)).astype(np.float32))
+    h = tf.constant(rng.normal(size=(16384, 768)).astype(np.float32))
+    gamma = tf.constant(rng.normal(size=(768,)).astype(np.float32))
+    beta = tf.constant(rng.normal(size=(768,)).astype(np.float32))
+
+    def layer_norm(a, g, b):
+        m = tf.reduce_mean(a, 1, keepdims=True)
+        d = a - m
+        v = tf.reduce_mean(tf.square(d), 1, keepdims=True)
+        return d * tf.math.rsqrt(v + 1e-05) * g + b
+
+    def softmax(a):
+        e = tf.exp(a - tf.reduce_max(a, 1, keepdims=True))
+        return e / tf.reduce_sum(e, 1, keepdims=True)
+
+    cases = [
+        ("abs+bias[4096]+relu [4096,4096]",
+         "in0: f32[4096,4096]\nin1: f32[4096]\n%0 = Abs in0\n%1 = Add %0, in1\n%2 = Relu %1\n"
+         "out0 = %2", [x, bias], lambda a, b: tf.nn.relu(tf.abs(a) + b)),
+        ("abs+sum(axis 1) [4096,4096]",
+         "in0: f32[4096,4096]\n%0 = Abs in0\n%1 = Sum %0 axes=[1]\nout0 = %1 -> [4096]", [x],
+         lambda a: tf.reduce_sum(tf.abs(a), 1)),
+        ("softmax(last axis) [4096,4096]", _softmax_program("f32", "4096,4096"), [x], softmax),
+        ("layer norm [16384,768]", _layer_norm_program("f32", 768).rsplit("\nout1", 1)[0],
+         [h, gamma, beta], layer_norm),
+    ]
+    for name, program, inputs, tf_fn in cases:
+        fused = tf.function(lambda *a, p=program: run_fused(ops, p, a, [tf.float32])[0])
+        unfused = tf.function(tf_fn)
+        got, want = fused(*inputs), unfused(*inputs)
+        err = float(tf.reduce_max(tf.abs(got - want)))
+        rows = {"fused": lambda: fused(*inputs), "TF ops (tf.function)": lambda: unfused(*inputs),
+                "TF ops (eager)": lambda: tf_fn(*inputs)}
+        print(f"{name}: " + ", ".join(f"{k} {_median_ms(f, reps=10):.1f} ms"
+                                      for k, f in rows.items()) + f" (max |diff| {err:.2g})",
+              flush=True)
+
+
+if __name__ == "__main__":
+    if "--bench" in sys.argv:
+        benchmark()
+    else:
+        sys.exit(pytest.main([__file__, "-q"] + sys.argv[1:]))

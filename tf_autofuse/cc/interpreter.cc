@@ -1389,10 +1389,11 @@ void WithCombine(OpCode op, F body) {
     switch (op) {
       case OpCode::kProd:
         return body([](A a, A x) { return a * x; });
+      // NaN is tracked apart (see AccumulateAs): these are vmaxps / vminps
       case OpCode::kMax:
-        return body([](A a, A x) { return x > a || x != x ? x : a; });
+        return body([](A a, A x) { return x > a ? x : a; });
       case OpCode::kMin:
-        return body([](A a, A x) { return x < a || x != x ? x : a; });
+        return body([](A a, A x) { return x < a ? x : a; });
       default:
         return body([](A a, A x) { return a + x; });
     }
@@ -1440,14 +1441,49 @@ void AccumulateCompensated(OpCode op, const double* x, double* acc, double* comp
   }
 }
 
+// Float Max/Min: the maximum in `acc`, and any NaN met in `nan` (the accumulator's second half,
+// zeroed): two branch-free selects that vectorise, where one NaN-propagating select does not.
 template <typename S, typename A>
-void AccumulateAs(OpCode op, const S* x, A* acc, int64_t n, bool lanes) {
+void AccumulateNan(const S* x, A* nan, int64_t n, bool lanes) {
+  if (lanes) {
+    // In locals, so that the compiler sees they do not alias the input and keeps them in
+    // registers.
+    A local[kLanes];
+    std::copy_n(nan, kLanes, local);
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const A v = static_cast<A>(x[i + l]);
+        local[l] = v != v ? v : local[l];
+      }
+    }
+    std::copy_n(local, kLanes, nan);
+    for (; i < n; ++i) {
+      const A v = static_cast<A>(x[i]);
+      nan[i % kLanes] = v != v ? v : nan[i % kLanes];
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const A v = static_cast<A>(x[i]);
+      nan[i] = v != v ? v : nan[i];
+    }
+  }
+}
+
+template <typename S, typename A>
+void AccumulateAs(OpCode op, const S* x, A* acc, A* nan, int64_t n, bool lanes) {
+  if constexpr (!std::is_integral_v<A>) {
+    if (op == OpCode::kMax || op == OpCode::kMin) AccumulateNan(x, nan, n, lanes);
+  }
   WithCombine<A>(op, [&](auto f) {
     if (lanes) {
+      A local[kLanes];
+      std::copy_n(acc, kLanes, local);
       int64_t i = 0;
       for (; i + kLanes <= n; i += kLanes) {
-        for (int64_t l = 0; l < kLanes; ++l) acc[l] = f(acc[l], static_cast<A>(x[i + l]));
+        for (int64_t l = 0; l < kLanes; ++l) local[l] = f(local[l], static_cast<A>(x[i + l]));
       }
+      std::copy_n(local, kLanes, acc);
       for (; i < n; ++i) acc[i % kLanes] = f(acc[i % kLanes], static_cast<A>(x[i]));
     } else {
       for (int64_t i = 0; i < n; ++i) acc[i] = f(acc[i], static_cast<A>(x[i]));
@@ -1467,23 +1503,23 @@ void Accumulate(const Step& step, const char* src, char* acc, char* comp, int64_
     case ComputeType::kF32:
       if (step.acc_ctype == ComputeType::kF64) {
         AccumulateAs(step.op, reinterpret_cast<const float*>(src), reinterpret_cast<double*>(acc),
-                     n, lanes);
+                     reinterpret_cast<double*>(comp), n, lanes);
       } else {
         AccumulateAs(step.op, reinterpret_cast<const float*>(src), reinterpret_cast<float*>(acc),
-                     n, lanes);
+                     reinterpret_cast<float*>(comp), n, lanes);
       }
       break;
     case ComputeType::kF64:
       AccumulateAs(step.op, reinterpret_cast<const double*>(src), reinterpret_cast<double*>(acc),
-                   n, lanes);
+                   reinterpret_cast<double*>(comp), n, lanes);
       break;
     case ComputeType::kI32:
       if (step.acc_ctype == ComputeType::kI64) {
         AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
-                     reinterpret_cast<int64_t*>(acc), n, lanes);
+                     reinterpret_cast<int64_t*>(acc), reinterpret_cast<int64_t*>(comp), n, lanes);
       } else {
         AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
-                     reinterpret_cast<int32_t*>(acc), n, lanes);
+                     reinterpret_cast<int32_t*>(acc), reinterpret_cast<int32_t*>(comp), n, lanes);
       }
       break;
     default:
@@ -1519,8 +1555,9 @@ void InitAccumulator(const Step& finalize, char* acc, char* comp, int64_t n) {
 // The accumulators -> the reduction's value in its compute type: lanes combined in lane order,
 // Mean divided by the number of reduced elements (i32 truncating; 0 when there are none).
 template <typename A, typename V>
-void FinalizeAs(OpCode op, const A* acc, V* out, int64_t valid, int64_t count, bool lanes,
-                int64_t reduce) {
+void FinalizeAs(OpCode op, const A* acc, const A* nan, V* out, int64_t valid, int64_t count,
+                bool lanes, int64_t reduce) {
+  const bool track_nan = !std::is_integral_v<A> && (op == OpCode::kMax || op == OpCode::kMin);
   auto finish = [&](A a) -> V {
     if (op != OpCode::kMean) return static_cast<V>(a);
     if constexpr (std::is_integral_v<A>) {
@@ -1533,10 +1570,15 @@ void FinalizeAs(OpCode op, const A* acc, V* out, int64_t valid, int64_t count, b
     WithCombine<A>(op, [&](auto f) {
       A a = acc[0];
       for (int64_t l = 1; l < kLanes; ++l) a = f(a, acc[l]);
+      if (track_nan) {
+        for (int64_t l = 0; l < kLanes; ++l) a = nan[l] != nan[l] ? nan[l] : a;
+      }
       std::fill_n(out, count, finish(a));
     });
   } else {
-    for (int64_t i = 0; i < valid; ++i) out[i] = finish(acc[i]);
+    for (int64_t i = 0; i < valid; ++i) {
+      out[i] = finish(track_nan && nan[i] != nan[i] ? nan[i] : acc[i]);
+    }
     std::fill(out + valid, out + count, V(0));
   }
 }
@@ -1577,24 +1619,29 @@ void Finalize(const Step& step, const char* acc, const char* comp, char* out, in
   }
   switch (step.acc_ctype) {
     case ComputeType::kF32:
-      FinalizeAs(step.op, reinterpret_cast<const float*>(acc), reinterpret_cast<float*>(out),
+      FinalizeAs(step.op, reinterpret_cast<const float*>(acc),
+                 reinterpret_cast<const float*>(comp), reinterpret_cast<float*>(out),
                  valid, count, lanes, reduce);
       break;
     case ComputeType::kF64:
       if (step.ctype == ComputeType::kF32) {
-        FinalizeAs(step.op, reinterpret_cast<const double*>(acc), reinterpret_cast<float*>(out),
+        FinalizeAs(step.op, reinterpret_cast<const double*>(acc),
+                 reinterpret_cast<const double*>(comp), reinterpret_cast<float*>(out),
                    valid, count, lanes, reduce);
       } else {
-        FinalizeAs(step.op, reinterpret_cast<const double*>(acc), reinterpret_cast<double*>(out),
+        FinalizeAs(step.op, reinterpret_cast<const double*>(acc),
+                 reinterpret_cast<const double*>(comp), reinterpret_cast<double*>(out),
                    valid, count, lanes, reduce);
       }
       break;
     case ComputeType::kI32:
-      FinalizeAs(step.op, reinterpret_cast<const int32_t*>(acc), reinterpret_cast<int32_t*>(out),
+      FinalizeAs(step.op, reinterpret_cast<const int32_t*>(acc),
+                 reinterpret_cast<const int32_t*>(comp), reinterpret_cast<int32_t*>(out),
                  valid, count, lanes, reduce);
       break;
     case ComputeType::kI64:
-      FinalizeAs(step.op, reinterpret_cast<const int64_t*>(acc), reinterpret_cast<int32_t*>(out),
+      FinalizeAs(step.op, reinterpret_cast<const int64_t*>(acc),
+                 reinterpret_cast<const int64_t*>(comp), reinterpret_cast<int32_t*>(out),
                  valid, count, lanes, reduce);
       break;
     default:
