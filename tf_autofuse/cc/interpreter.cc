@@ -1389,11 +1389,10 @@ void WithCombine(OpCode op, F body) {
     switch (op) {
       case OpCode::kProd:
         return body([](A a, A x) { return a * x; });
-      // NaN is tracked apart (see AccumulateAs): these are vmaxps / vminps
-      case OpCode::kMax:
-        return body([](A a, A x) { return x > a ? x : a; });
+      case OpCode::kMax:  // NaN-propagating, like AccumulateExtremum
+        return body([](A a, A x) { return a != a || x != x ? (a != a ? a : x) : std::max(a, x); });
       case OpCode::kMin:
-        return body([](A a, A x) { return x < a ? x : a; });
+        return body([](A a, A x) { return a != a || x != x ? (a != a ? a : x) : std::min(a, x); });
       default:
         return body([](A a, A x) { return a + x; });
     }
@@ -1441,39 +1440,45 @@ void AccumulateCompensated(OpCode op, const double* x, double* acc, double* comp
   }
 }
 
-// Float Max/Min: the maximum in `acc`, and any NaN met in `nan` (the accumulator's second half,
-// zeroed): two branch-free selects that vectorise, where one NaN-propagating select does not.
+// Float Max/Min through Eigen's NaN-propagating max/min, which vectorise (a plain C++ select
+// with a NaN test compiles to branches).
 template <typename S, typename A>
-void AccumulateNan(const S* x, A* nan, int64_t n, bool lanes) {
+void AccumulateExtremum(OpCode op, const S* x, A* acc, int64_t n, bool lanes) {
+  const bool max = op == OpCode::kMax;
+  auto step = [max](auto& a, const auto& v) {
+    if (max) {
+      a = a.template max<Eigen::PropagateNaN>(v);
+    } else {
+      a = a.template min<Eigen::PropagateNaN>(v);
+    }
+  };
   if (lanes) {
-    // In locals, so that the compiler sees they do not alias the input and keeps them in
-    // registers.
-    A local[kLanes];
-    std::copy_n(nan, kLanes, local);
+    using Lanes = Eigen::Array<A, kLanes, 1>;
+    Lanes local = Eigen::Map<const Lanes>(acc);
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
-      for (int64_t l = 0; l < kLanes; ++l) {
-        const A v = static_cast<A>(x[i + l]);
-        local[l] = v != v ? v : local[l];
-      }
+      step(local, Eigen::Map<const Eigen::Array<S, kLanes, 1>>(x + i).template cast<A>());
     }
-    std::copy_n(local, kLanes, nan);
+    Eigen::Map<Lanes> result(acc);
+    result = local;
     for (; i < n; ++i) {
+      A& a = acc[i % kLanes];
       const A v = static_cast<A>(x[i]);
-      nan[i % kLanes] = v != v ? v : nan[i % kLanes];
+      a = v != v || a != a ? (v != v ? v : a) : (max ? std::max(a, v) : std::min(a, v));
     }
   } else {
-    for (int64_t i = 0; i < n; ++i) {
-      const A v = static_cast<A>(x[i]);
-      nan[i] = v != v ? v : nan[i];
-    }
+    Eigen::Map<ArrayX<A>> a(acc, n);
+    step(a, In<S>(x, n).template cast<A>());
   }
 }
 
 template <typename S, typename A>
-void AccumulateAs(OpCode op, const S* x, A* acc, A* nan, int64_t n, bool lanes) {
+void AccumulateAs(OpCode op, const S* x, A* acc, int64_t n, bool lanes) {
   if constexpr (!std::is_integral_v<A>) {
-    if (op == OpCode::kMax || op == OpCode::kMin) AccumulateNan(x, nan, n, lanes);
+    if (op == OpCode::kMax || op == OpCode::kMin) {
+      AccumulateExtremum(op, x, acc, n, lanes);
+      return;
+    }
   }
   WithCombine<A>(op, [&](auto f) {
     if (lanes) {
@@ -1503,23 +1508,23 @@ void Accumulate(const Step& step, const char* src, char* acc, char* comp, int64_
     case ComputeType::kF32:
       if (step.acc_ctype == ComputeType::kF64) {
         AccumulateAs(step.op, reinterpret_cast<const float*>(src), reinterpret_cast<double*>(acc),
-                     reinterpret_cast<double*>(comp), n, lanes);
+                     n, lanes);
       } else {
         AccumulateAs(step.op, reinterpret_cast<const float*>(src), reinterpret_cast<float*>(acc),
-                     reinterpret_cast<float*>(comp), n, lanes);
+                     n, lanes);
       }
       break;
     case ComputeType::kF64:
       AccumulateAs(step.op, reinterpret_cast<const double*>(src), reinterpret_cast<double*>(acc),
-                   reinterpret_cast<double*>(comp), n, lanes);
+                   n, lanes);
       break;
     case ComputeType::kI32:
       if (step.acc_ctype == ComputeType::kI64) {
         AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
-                     reinterpret_cast<int64_t*>(acc), reinterpret_cast<int64_t*>(comp), n, lanes);
+                     reinterpret_cast<int64_t*>(acc), n, lanes);
       } else {
         AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
-                     reinterpret_cast<int32_t*>(acc), reinterpret_cast<int32_t*>(comp), n, lanes);
+                     reinterpret_cast<int32_t*>(acc), n, lanes);
       }
       break;
     default:
@@ -1555,9 +1560,8 @@ void InitAccumulator(const Step& finalize, char* acc, char* comp, int64_t n) {
 // The accumulators -> the reduction's value in its compute type: lanes combined in lane order,
 // Mean divided by the number of reduced elements (i32 truncating; 0 when there are none).
 template <typename A, typename V>
-void FinalizeAs(OpCode op, const A* acc, const A* nan, V* out, int64_t valid, int64_t count,
-                bool lanes, int64_t reduce) {
-  const bool track_nan = !std::is_integral_v<A> && (op == OpCode::kMax || op == OpCode::kMin);
+void FinalizeAs(OpCode op, const A* acc, V* out, int64_t valid, int64_t count, bool lanes,
+                int64_t reduce) {
   auto finish = [&](A a) -> V {
     if (op != OpCode::kMean) return static_cast<V>(a);
     if constexpr (std::is_integral_v<A>) {
@@ -1570,15 +1574,10 @@ void FinalizeAs(OpCode op, const A* acc, const A* nan, V* out, int64_t valid, in
     WithCombine<A>(op, [&](auto f) {
       A a = acc[0];
       for (int64_t l = 1; l < kLanes; ++l) a = f(a, acc[l]);
-      if (track_nan) {
-        for (int64_t l = 0; l < kLanes; ++l) a = nan[l] != nan[l] ? nan[l] : a;
-      }
       std::fill_n(out, count, finish(a));
     });
   } else {
-    for (int64_t i = 0; i < valid; ++i) {
-      out[i] = finish(track_nan && nan[i] != nan[i] ? nan[i] : acc[i]);
-    }
+    for (int64_t i = 0; i < valid; ++i) out[i] = finish(acc[i]);
     std::fill(out + valid, out + count, V(0));
   }
 }
@@ -1619,29 +1618,24 @@ void Finalize(const Step& step, const char* acc, const char* comp, char* out, in
   }
   switch (step.acc_ctype) {
     case ComputeType::kF32:
-      FinalizeAs(step.op, reinterpret_cast<const float*>(acc),
-                 reinterpret_cast<const float*>(comp), reinterpret_cast<float*>(out),
+      FinalizeAs(step.op, reinterpret_cast<const float*>(acc), reinterpret_cast<float*>(out),
                  valid, count, lanes, reduce);
       break;
     case ComputeType::kF64:
       if (step.ctype == ComputeType::kF32) {
-        FinalizeAs(step.op, reinterpret_cast<const double*>(acc),
-                 reinterpret_cast<const double*>(comp), reinterpret_cast<float*>(out),
+        FinalizeAs(step.op, reinterpret_cast<const double*>(acc), reinterpret_cast<float*>(out),
                    valid, count, lanes, reduce);
       } else {
-        FinalizeAs(step.op, reinterpret_cast<const double*>(acc),
-                 reinterpret_cast<const double*>(comp), reinterpret_cast<double*>(out),
+        FinalizeAs(step.op, reinterpret_cast<const double*>(acc), reinterpret_cast<double*>(out),
                    valid, count, lanes, reduce);
       }
       break;
     case ComputeType::kI32:
-      FinalizeAs(step.op, reinterpret_cast<const int32_t*>(acc),
-                 reinterpret_cast<const int32_t*>(comp), reinterpret_cast<int32_t*>(out),
+      FinalizeAs(step.op, reinterpret_cast<const int32_t*>(acc), reinterpret_cast<int32_t*>(out),
                  valid, count, lanes, reduce);
       break;
     case ComputeType::kI64:
-      FinalizeAs(step.op, reinterpret_cast<const int64_t*>(acc),
-                 reinterpret_cast<const int64_t*>(comp), reinterpret_cast<int32_t*>(out),
+      FinalizeAs(step.op, reinterpret_cast<const int64_t*>(acc), reinterpret_cast<int32_t*>(out),
                  valid, count, lanes, reduce);
       break;
     default:
