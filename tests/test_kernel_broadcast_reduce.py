@@ -440,6 +440,10 @@ REDUCE_CASES = [
     ([0, 4], [0]),
     ([0, 4], [1]),           # nothing to reduce into
     ([3, 5000, 2], [1]),
+    ([300, 7], [1]),         # short rows: several rows per tile
+    ([2000, 33], [1]),
+    ([5, 40, 256, 1], [2]),
+    ([9, 257], [1]),
 ]
 
 
@@ -513,7 +517,8 @@ def _softmax_program(dtype, rank_decl="?,?"):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("shape", [(1, 1), (3, 10), (64, 1000), (5, 9001), (1000, 7)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 10), (64, 1000), (5, 9001), (1000, 7), (4000, 10),
+                                   (333, 256), (100, 100)])
 def test_softmax(ops, dtype, shape):
     x = cast(np.random.default_rng(shape[1]).normal(0, 4, shape), dtype)
     (fused,) = run_fused(ops, _softmax_program(dtype), [x], [x.dtype])
@@ -541,7 +546,7 @@ def _layer_norm_program(dtype, c):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("shape", [(1, 1), (7, 768), (300, 1000), (3, 5000)])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 768), (300, 1000), (3, 5000), (1001, 64), (50, 3)])
 def test_layer_norm(ops, dtype, shape):
     rng = np.random.default_rng(shape[0])
     x = cast(rng.normal(2.0, 3.0, shape), dtype)
@@ -626,7 +631,7 @@ np.save(out_path, np.stack(results))
 
 
 @pytest.mark.parametrize("dtype,shape,axis", [("f32", (3000, 700), 1), ("f16", (300, 7000), 1),
-                                              ("f32", (700, 3000), 0)])
+                                              ("f32", (700, 3000), 0), ("f32", (100003, 10), 1)])
 def test_reductions_bit_identical_across_runs_and_threads(ops, dtype, shape, axis, tmp_path):
     values = cast(np.random.default_rng(5).normal(0, 3, shape), dtype).numpy()
     program = (f"in0: {dtype}[?,?]\n%0 = Max in0 axes=[{axis}]\n%1 = Sub in0, %0\n%2 = Exp %1\n"

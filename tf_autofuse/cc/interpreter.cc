@@ -62,6 +62,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <set>
 #include <type_traits>
 
@@ -119,6 +120,9 @@ bool IsComputedAsStored(DType dtype) { return dtype != DType::kF16 && dtype != D
 constexpr int64_t kPad = 16;
 // Lanes of a scalar accumulator (a reduction over a row): lane = r mod kLanes.
 constexpr int64_t kLanes = 16;
+// Row reductions (inner == 1) of rows up to a quarter tile run in row-group mode: a tile holds
+// whole rows, each reduced sequentially (per-tile overheads would dominate one row per tile).
+constexpr int64_t kRowsPerTileMin = 4;
 
 // L1 space a tile may take, slots and tensor streams together: three quarters of a 32 KiB L1d.
 constexpr int64_t kTileBudgetBytes = 24 * 1024;
@@ -172,6 +176,8 @@ struct Step {
                     // that another output already holds)
     kAccumulate,    // slot or tensor -> accumulator of a reduction
     kFinalize,      // accumulator -> the reduction's reduced buffer
+    kExpandReduced, // reduced buffer (one value per row) -> slot, each value repeated over its
+                    // row (row-group mode)
   };
   Kind kind = Kind::kCompute;
   OpCode op = OpCode::kAbs;
@@ -207,6 +213,9 @@ struct PlanSet {
   std::vector<Schedule> finalize;
   bool has_final = false;
   PassSchedules final;
+  // The same full passes for the row-group mode (rows of at most kMaxGroupedRow elements).
+  std::vector<PassSchedules> rows_accumulate;
+  PassSchedules rows_final;
   int num_reduced = 0;                 // reduced-value buffers
   int num_accumulators = 0;
   int64_t tile_size = 0;
@@ -264,6 +273,9 @@ struct Pass {
   };
   Kind kind = Kind::kFinal;
   int level = 0;
+  // Full passes of the row-group mode (short rows, several per tile): reduced values are one per
+  // row and are expanded into slots (kExpandReduced) before full instructions read them.
+  bool rows = false;
 };
 
 class Planner {
@@ -363,6 +375,9 @@ class Planner {
       case Operand::Kind::kImmediate:
         return ImmediateLoc(operand.immediate, dtype);
       case Operand::Kind::kValue:
+        if (pass_.rows && FullSpace() && program_.instructions[operand.index].reduced) {
+          return ExpandedLoc(operand.index);
+        }
         return value_loc_[operand.index];
       case Operand::Kind::kInput:
         break;
@@ -386,6 +401,21 @@ class Planner {
       input_loaded_[j] = true;
     }
     return input_loc_[j];
+  }
+
+  // A reduced value repeated over its row, in a slot (row-group mode).
+  Loc ExpandedLoc(int i) {
+    auto it = expanded_.find(i);
+    if (it != expanded_.end()) return it->second;
+    Step step;
+    step.kind = Step::Kind::kExpandReduced;
+    step.ctype = ComputeTypeOf(program_.instructions[i].dtype);
+    step.num_src = 1;
+    step.src[0] = ReducedLoc(i);
+    step.dst = NewRegister();
+    schedule_.steps.push_back(step);
+    expanded_[i] = step.dst;
+    return step.dst;
   }
 
   Step ComputeStep(int i) {
@@ -596,6 +626,7 @@ class Planner {
   std::vector<Loc> input_loc_;
   std::vector<bool> input_loaded_;
   std::vector<Loc> value_loc_;
+  std::map<int, Loc> expanded_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1496,6 +1527,95 @@ void AccumulateAs(OpCode op, const S* x, A* acc, int64_t n, bool lanes) {
   });
 }
 
+// Row-group mode: `rows` consecutive rows of `length` elements, each reduced in order into its
+// own accumulator.
+template <typename S, typename A>
+void AccumulateRowsAs(OpCode op, const S* x, A* acc, double* comp, int64_t rows,
+                      int64_t length) {
+  if constexpr (std::is_same_v<S, double> && std::is_same_v<A, double>) {
+    if (op != OpCode::kMax && op != OpCode::kMin) {
+      for (int64_t j = 0; j < rows; ++j) {
+        for (int64_t r = 0; r < length; ++r) {
+          if (op == OpCode::kProd) {
+            CompensatedMul(acc[j], comp[j], x[j * length + r]);
+          } else {
+            CompensatedAdd(acc[j], comp[j], x[j * length + r]);
+          }
+        }
+      }
+      return;
+    }
+  }
+  WithCombine<A>(op, [&](auto f) {
+    for (int64_t j = 0; j < rows; ++j) {
+      A a = acc[j];
+      const S* row = x + j * length;
+      for (int64_t r = 0; r < length; ++r) a = f(a, static_cast<A>(row[r]));
+      acc[j] = a;
+    }
+  });
+}
+
+void AccumulateRows(const Step& step, const char* src, char* acc, char* comp, int64_t rows,
+                    int64_t length) {
+  double* c = reinterpret_cast<double*>(comp);
+  switch (step.src_ctype) {
+    case ComputeType::kF32:
+      if (step.acc_ctype == ComputeType::kF64) {
+        AccumulateRowsAs(step.op, reinterpret_cast<const float*>(src),
+                         reinterpret_cast<double*>(acc), c, rows, length);
+      } else {
+        AccumulateRowsAs(step.op, reinterpret_cast<const float*>(src),
+                         reinterpret_cast<float*>(acc), c, rows, length);
+      }
+      break;
+    case ComputeType::kF64:
+      AccumulateRowsAs(step.op, reinterpret_cast<const double*>(src),
+                       reinterpret_cast<double*>(acc), c, rows, length);
+      break;
+    case ComputeType::kI32:
+      if (step.acc_ctype == ComputeType::kI64) {
+        AccumulateRowsAs(step.op, reinterpret_cast<const int32_t*>(src),
+                         reinterpret_cast<int64_t*>(acc), c, rows, length);
+      } else {
+        AccumulateRowsAs(step.op, reinterpret_cast<const int32_t*>(src),
+                         reinterpret_cast<int32_t*>(acc), c, rows, length);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+// Row-group mode: one value per row -> the value repeated over its row; [valid, count) zeroed.
+template <typename T>
+void ExpandAs(const T* values, T* out, int64_t length, int64_t valid, int64_t count) {
+  for (int64_t j = 0; j * length < valid; ++j) std::fill_n(out + j * length, length, values[j]);
+  std::fill(out + valid, out + count, T(0));
+}
+
+void ExpandReduced(ComputeType type, const char* values, char* out, int64_t length,
+                   int64_t valid, int64_t count) {
+  switch (type) {
+    case ComputeType::kF32:
+      ExpandAs(reinterpret_cast<const float*>(values), reinterpret_cast<float*>(out), length,
+               valid, count);
+      break;
+    case ComputeType::kF64:
+      ExpandAs(reinterpret_cast<const double*>(values), reinterpret_cast<double*>(out), length,
+               valid, count);
+      break;
+    case ComputeType::kI32:
+      ExpandAs(reinterpret_cast<const int32_t*>(values), reinterpret_cast<int32_t*>(out), length,
+               valid, count);
+      break;
+    default:
+      ExpandAs(reinterpret_cast<const uint8_t*>(values), reinterpret_cast<uint8_t*>(out), length,
+               valid, count);
+      break;
+  }
+}
+
 void Accumulate(const Step& step, const char* src, char* acc, char* comp, int64_t n,
                 bool lanes) {
   if (Compensated(step.op, step.src_ctype, step.acc_ctype)) {
@@ -1900,6 +2020,7 @@ struct Frame {
   const PlanSet& plans;
   char* scratch;
   bool lanes;  // a row reduction (inner == 1): reduced values are scalars in full passes
+  bool rows;   // row-group mode: tiles of whole rows, reduced values expanded per row
 };
 
 // One tile: `valid` elements from `offset` of the schedule's space (the iteration shape, or the
@@ -1925,7 +2046,7 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
     }
     return nullptr;
   };
-  const bool scalar_reduced = frame.lanes && !reduced_space;
+  const bool scalar_reduced = frame.lanes && !frame.rows && !reduced_space;
   for (const Step& step : schedule.steps) {
     switch (step.kind) {
       case Step::Kind::kLoad:
@@ -1957,13 +2078,23 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
       }
       case Step::Kind::kAccumulate: {
         char* acc = address(step.dst);
-        Accumulate(step, address(step.src[0]), acc, acc + plans.buffer_bytes, valid, frame.lanes);
+        if (frame.rows) {
+          AccumulateRows(step, address(step.src[0]), acc, acc + plans.buffer_bytes,
+                         valid / frame.run.reduce, frame.run.reduce);
+        } else {
+          Accumulate(step, address(step.src[0]), acc, acc + plans.buffer_bytes, valid,
+                     frame.lanes);
+        }
         break;
       }
+      case Step::Kind::kExpandReduced:
+        ExpandReduced(step.ctype, address(step.src[0]), address(step.dst), frame.run.reduce,
+                      valid, count);
+        break;
       case Step::Kind::kFinalize: {
         const char* acc = address(step.src[0]);
         Finalize(step, acc, acc + plans.buffer_bytes, address(step.dst), valid, count,
-                 frame.lanes, frame.run.reduce);
+                 frame.lanes && !frame.rows, frame.run.reduce);
         break;
       }
     }
@@ -2011,8 +2142,10 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
   }
   if (set->has_final) set->final = full_pass({Pass::Kind::kFinal, 0});
   if (program_.has_reductions()) {
+    if (set->has_final) set->rows_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/true});
     for (int p = 1; p <= program_.num_levels; ++p) {
       set->accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p}));
+      set->rows_accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p, /*rows=*/true}));
     }
     for (int p = 0; p <= program_.num_levels; ++p) {
       set->finalize.push_back(build(staged, {Pass::Kind::kFinalize, p}));
@@ -2024,7 +2157,9 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
     schedules.insert(schedules.end(), {&s.direct, &s.streaming, &s.staged});
   };
   if (set->has_final) add(set->final);
+  if (set->has_final && program_.has_reductions()) add(set->rows_final);
   for (const PassSchedules& s : set->accumulate) add(s);
+  for (const PassSchedules& s : set->rows_accumulate) add(s);
   for (const Schedule& s : set->finalize) schedules.push_back(&s);
 
   int widest = 4;
@@ -2072,8 +2207,11 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
         continue;
       }
       bool safe = true;
-      for (const Schedule* s : {&set->final.direct, &set->final.streaming, &set->final.staged}) {
-        if (s->last_input_read[j] > s->first_output_write[k]) safe = false;
+      for (const PassSchedules* pass : {&set->final, &set->rows_final}) {
+        for (const Schedule* s : {&pass->direct, &pass->streaming, &pass->staged}) {
+          if (s->empty()) continue;
+          if (s->last_input_read[j] > s->first_output_write[k]) safe = false;
+        }
       }
       if (safe) set->forwardable[k].push_back(static_cast<int>(j));
     }
@@ -2213,9 +2351,19 @@ const std::vector<int>& Interpreter::ForwardableInputs(const RunShape& run, int 
   return run.plans->forwardable[k];
 }
 
+namespace {
+// Rows per item in row-group mode; 1 otherwise.
+int64_t RowsPerItem(const RunShape& run, int64_t tile) {
+  if (run.inner != 1 || run.reduce == 0 || run.reduce * kRowsPerTileMin > tile) return 1;
+  return tile / run.reduce;
+}
+}  // namespace
+
 int64_t Interpreter::NumItems(const RunShape& run) const {
   const int64_t tile = run.plans->tile_size;
   if (!program_.has_reductions()) return (run.num_elements + tile - 1) / tile;
+  const int64_t group = RowsPerItem(run, tile);
+  if (group > 1) return (run.outer + group - 1) / group;
   const int64_t chunks = run.inner == 1 ? 1 : (run.inner + tile - 1) / tile;
   return run.outer * chunks;
 }
@@ -2235,7 +2383,8 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
   char* scratch = ThreadScratch(plans.scratch_bytes);
   const bool stream = run.num_elements * plans.output_bytes >= kStreamBytes;
   const int64_t tile = plans.tile_size;
-  const Frame frame{run, io, plans, scratch, /*lanes=*/run.inner == 1};
+  const int64_t group = program_.has_reductions() ? RowsPerItem(run, tile) : 1;
+  const Frame frame{run, io, plans, scratch, /*lanes=*/run.inner == 1, /*rows=*/group > 1};
   auto full_tile = [&](const PassSchedules& s, bool streaming, int64_t offset, int64_t valid) {
     if (valid % kPad == 0) {
       RunSchedule(streaming ? s.streaming : s.direct, frame, false, offset, valid, valid);
@@ -2253,14 +2402,17 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
     const int64_t inner = run.inner, reduce = run.reduce;
     const int64_t chunks = inner == 1 ? 1 : (inner + tile - 1) / tile;
     for (int64_t item = first; item < last; ++item) {
-      const int64_t o = item / chunks;
-      const int64_t i0 = (item % chunks) * tile;
-      const int64_t width = std::min(tile, inner - i0);
+      const int64_t o = frame.rows ? item * group : item / chunks;
+      const int64_t i0 = frame.rows ? 0 : (item % chunks) * tile;
+      // Reduced elements of this item: an inner chunk, or (row-group mode) rows.
+      const int64_t width = frame.rows ? std::min(group, run.outer - o) : std::min(tile, inner - i0);
       const int64_t reduced_offset = o * inner + i0;
       const int64_t reduced_count = (width + kPad - 1) / kPad * kPad;
       // Every full tile of this item, in order.
       auto for_tiles = [&](const PassSchedules& s, bool streaming) {
-        if (frame.lanes) {
+        if (frame.rows) {
+          full_tile(s, streaming, o * reduce, width * reduce);
+        } else if (frame.lanes) {
           for (int64_t r0 = 0; r0 < reduce; r0 += tile) {
             full_tile(s, streaming, o * reduce + r0, std::min(tile, reduce - r0));
           }
@@ -2281,12 +2433,12 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
           char* acc = scratch + plans.accumulator_offset +
                       step.src[0].index * 2 * plans.buffer_bytes;
           InitAccumulator(step, acc, acc + plans.buffer_bytes,
-                          frame.lanes ? kLanes : reduced_count);
+                          frame.lanes && !frame.rows ? kLanes : reduced_count);
         }
-        for_tiles(plans.accumulate[p - 1], false);
+        for_tiles(frame.rows ? plans.rows_accumulate[p - 1] : plans.accumulate[p - 1], false);
         finalize(p);
       }
-      if (plans.has_final) for_tiles(plans.final, stream);
+      if (plans.has_final) for_tiles(frame.rows ? plans.rows_final : plans.final, stream);
     }
   }
 #ifdef TF_AUTOFUSE_X86_CONVERT
