@@ -538,6 +538,23 @@ def test_softmax(ops, dtype, shape):
                        scale=scale)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "f64"])
+@pytest.mark.parametrize("shape", [(5000, 7), (300, 64), (40, 300), (3, 2000)])
+def test_softmax_over_axis_0(ops, dtype, shape):
+    """Reduced values read back over a leading axis (short inner blocks: several per tile)."""
+    x = cast(np.random.default_rng(shape[0]).normal(0, 3, shape), dtype)
+    program = (f"in0: {dtype}[?,?]\n%0 = Max in0 axes=[0]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
+               "%3 = Sum %2 axes=[0]\n%4 = Div %2, %3\nout0 = %4\nout1 = %3 -> [?]")
+    fused, total = run_fused(ops, program, [x], [x.dtype] * 2)
+    v = as_f64(x)
+    e = np.exp(v - v.max(axis=0, keepdims=True))
+    ref = e / e.sum(axis=0, keepdims=True)
+    scale = ref * np.maximum(1.0, np.abs(v - v.max(axis=0, keepdims=True)))
+    assert_float_close(as_f64(fused), as_f64(tf.nn.softmax(x, axis=0)), ref, dtype,
+                       f"softmax axis 0 {dtype}{shape}", scale=scale)
+    assert total.shape == (shape[1],)
+
+
 def _layer_norm_program(dtype, c):
     return (f"in0: {dtype}[?,{c}]\nin1: {dtype}[{c}]\nin2: {dtype}[{c}]\n"
             "%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Square %1\n%3 = Mean %2 axes=[1]\n"
@@ -631,7 +648,8 @@ np.save(out_path, np.stack(results))
 
 
 @pytest.mark.parametrize("dtype,shape,axis", [("f32", (3000, 700), 1), ("f16", (300, 7000), 1),
-                                              ("f32", (700, 3000), 0), ("f32", (100003, 10), 1)])
+                                              ("f32", (700, 3000), 0), ("f32", (100003, 10), 1),
+                                              ("f64", (100003, 3), 0)])
 def test_reductions_bit_identical_across_runs_and_threads(ops, dtype, shape, axis, tmp_path):
     values = cast(np.random.default_rng(5).normal(0, 3, shape), dtype).numpy()
     program = (f"in0: {dtype}[?,?]\n%0 = Max in0 axes=[{axis}]\n%1 = Sub in0, %0\n%2 = Exp %1\n"

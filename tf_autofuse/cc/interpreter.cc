@@ -1556,30 +1556,63 @@ void AccumulateRowsAs(OpCode op, const S* x, A* acc, double* comp, int64_t rows,
   });
 }
 
-void AccumulateRows(const Step& step, const char* src, char* acc, char* comp, int64_t rows,
-                    int64_t length) {
+// Column-group mode: `rows` consecutive blocks of `width` (= inner) elements, element i of every
+// block accumulated into accumulator i, block after block (the order of the one-block tiles).
+template <typename S, typename A>
+void AccumulateColumnsAs(OpCode op, const S* x, A* acc, double* comp, int64_t rows,
+                         int64_t width) {
+  for (int64_t j = 0; j < rows; ++j) {
+    const S* block = x + j * width;
+    if constexpr (std::is_same_v<S, double> && std::is_same_v<A, double>) {
+      if (op == OpCode::kSum || op == OpCode::kMean) {
+        for (int64_t i = 0; i < width; ++i) CompensatedAdd(acc[i], comp[i], block[i]);
+        continue;
+      }
+      if (op == OpCode::kProd) {
+        for (int64_t i = 0; i < width; ++i) CompensatedMul(acc[i], comp[i], block[i]);
+        continue;
+      }
+    }
+    if constexpr (!std::is_integral_v<A>) {
+      if (op == OpCode::kMax || op == OpCode::kMin) {
+        AccumulateExtremum(op, block, acc, width, /*lanes=*/false);
+        continue;
+      }
+    }
+    WithCombine<A>(op, [&](auto f) {
+      for (int64_t i = 0; i < width; ++i) acc[i] = f(acc[i], static_cast<A>(block[i]));
+    });
+  }
+}
+
+// Row-group (columns == false) or column-group (columns == true) accumulation of a tile of
+// `rows` rows of `length` elements.
+void AccumulateGroup(const Step& step, const char* src, char* acc, char* comp, int64_t rows,
+                     int64_t length, bool columns) {
   double* c = reinterpret_cast<double*>(comp);
+  auto run = [&](const auto* x, auto* a) {
+    if (columns) {
+      AccumulateColumnsAs(step.op, x, a, c, rows, length);
+    } else {
+      AccumulateRowsAs(step.op, x, a, c, rows, length);
+    }
+  };
   switch (step.src_ctype) {
     case ComputeType::kF32:
       if (step.acc_ctype == ComputeType::kF64) {
-        AccumulateRowsAs(step.op, reinterpret_cast<const float*>(src),
-                         reinterpret_cast<double*>(acc), c, rows, length);
+        run(reinterpret_cast<const float*>(src), reinterpret_cast<double*>(acc));
       } else {
-        AccumulateRowsAs(step.op, reinterpret_cast<const float*>(src),
-                         reinterpret_cast<float*>(acc), c, rows, length);
+        run(reinterpret_cast<const float*>(src), reinterpret_cast<float*>(acc));
       }
       break;
     case ComputeType::kF64:
-      AccumulateRowsAs(step.op, reinterpret_cast<const double*>(src),
-                       reinterpret_cast<double*>(acc), c, rows, length);
+      run(reinterpret_cast<const double*>(src), reinterpret_cast<double*>(acc));
       break;
     case ComputeType::kI32:
       if (step.acc_ctype == ComputeType::kI64) {
-        AccumulateRowsAs(step.op, reinterpret_cast<const int32_t*>(src),
-                         reinterpret_cast<int64_t*>(acc), c, rows, length);
+        run(reinterpret_cast<const int32_t*>(src), reinterpret_cast<int64_t*>(acc));
       } else {
-        AccumulateRowsAs(step.op, reinterpret_cast<const int32_t*>(src),
-                         reinterpret_cast<int32_t*>(acc), c, rows, length);
+        run(reinterpret_cast<const int32_t*>(src), reinterpret_cast<int32_t*>(acc));
       }
       break;
     default:
@@ -1588,30 +1621,39 @@ void AccumulateRows(const Step& step, const char* src, char* acc, char* comp, in
 }
 
 // Row-group mode: one value per row -> the value repeated over its row; [valid, count) zeroed.
+// Column-group mode: the inner vector of reduced values repeated for every block of the tile.
 template <typename T>
-void ExpandAs(const T* values, T* out, int64_t length, int64_t valid, int64_t count) {
+void TileAs(const T* values, T* out, int64_t width, int64_t valid, int64_t count) {
+  for (int64_t j = 0; j * width < valid; ++j) std::copy_n(values, width, out + j * width);
+  std::fill(out + valid, out + count, T(0));
+}
+
+template <typename T>
+void ExpandAs(const T* values, T* out, int64_t length, int64_t valid, int64_t count,
+              bool columns = false) {
+  if (columns) return TileAs(values, out, length, valid, count);
   for (int64_t j = 0; j * length < valid; ++j) std::fill_n(out + j * length, length, values[j]);
   std::fill(out + valid, out + count, T(0));
 }
 
 void ExpandReduced(ComputeType type, const char* values, char* out, int64_t length,
-                   int64_t valid, int64_t count) {
+                   int64_t valid, int64_t count, bool columns) {
   switch (type) {
     case ComputeType::kF32:
       ExpandAs(reinterpret_cast<const float*>(values), reinterpret_cast<float*>(out), length,
-               valid, count);
+               valid, count, columns);
       break;
     case ComputeType::kF64:
       ExpandAs(reinterpret_cast<const double*>(values), reinterpret_cast<double*>(out), length,
-               valid, count);
+               valid, count, columns);
       break;
     case ComputeType::kI32:
       ExpandAs(reinterpret_cast<const int32_t*>(values), reinterpret_cast<int32_t*>(out), length,
-               valid, count);
+               valid, count, columns);
       break;
     default:
       ExpandAs(reinterpret_cast<const uint8_t*>(values), reinterpret_cast<uint8_t*>(out), length,
-               valid, count);
+               valid, count, columns);
       break;
   }
 }
@@ -2021,6 +2063,7 @@ struct Frame {
   char* scratch;
   bool lanes;  // a row reduction (inner == 1): reduced values are scalars in full passes
   bool rows;   // row-group mode: tiles of whole rows, reduced values expanded per row
+  bool cols;   // column-group mode: tiles of whole inner blocks, reduced values tiled
 };
 
 // One tile: `valid` elements from `offset` of the schedule's space (the iteration shape, or the
@@ -2079,8 +2122,11 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
       case Step::Kind::kAccumulate: {
         char* acc = address(step.dst);
         if (frame.rows) {
-          AccumulateRows(step, address(step.src[0]), acc, acc + plans.buffer_bytes,
-                         valid / frame.run.reduce, frame.run.reduce);
+          AccumulateGroup(step, address(step.src[0]), acc, acc + plans.buffer_bytes,
+                          valid / frame.run.reduce, frame.run.reduce, /*columns=*/false);
+        } else if (frame.cols) {
+          AccumulateGroup(step, address(step.src[0]), acc, acc + plans.buffer_bytes,
+                          valid / frame.run.inner, frame.run.inner, /*columns=*/true);
         } else {
           Accumulate(step, address(step.src[0]), acc, acc + plans.buffer_bytes, valid,
                      frame.lanes);
@@ -2088,8 +2134,8 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
         break;
       }
       case Step::Kind::kExpandReduced:
-        ExpandReduced(step.ctype, address(step.src[0]), address(step.dst), frame.run.reduce,
-                      valid, count);
+        ExpandReduced(step.ctype, address(step.src[0]), address(step.dst),
+                      frame.cols ? frame.run.inner : frame.run.reduce, valid, count, frame.cols);
         break;
       case Step::Kind::kFinalize: {
         const char* acc = address(step.src[0]);
@@ -2357,6 +2403,11 @@ int64_t RowsPerItem(const RunShape& run, int64_t tile) {
   if (run.inner != 1 || run.reduce == 0 || run.reduce * kRowsPerTileMin > tile) return 1;
   return tile / run.reduce;
 }
+// Inner blocks per tile in column-group mode (short inner dimensions); 1 otherwise.
+int64_t BlocksPerTile(const RunShape& run, int64_t tile) {
+  if (run.inner == 1 || run.inner * kRowsPerTileMin > tile) return 1;
+  return tile / run.inner;
+}
 }  // namespace
 
 int64_t Interpreter::NumItems(const RunShape& run) const {
@@ -2384,7 +2435,9 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
   const bool stream = run.num_elements * plans.output_bytes >= kStreamBytes;
   const int64_t tile = plans.tile_size;
   const int64_t group = program_.has_reductions() ? RowsPerItem(run, tile) : 1;
-  const Frame frame{run, io, plans, scratch, /*lanes=*/run.inner == 1, /*rows=*/group > 1};
+  const int64_t blocks = program_.has_reductions() ? BlocksPerTile(run, tile) : 1;
+  const Frame frame{run, io, plans, scratch, /*lanes=*/run.inner == 1, /*rows=*/group > 1,
+                    /*cols=*/blocks > 1};
   auto full_tile = [&](const PassSchedules& s, bool streaming, int64_t offset, int64_t valid) {
     if (valid % kPad == 0) {
       RunSchedule(streaming ? s.streaming : s.direct, frame, false, offset, valid, valid);
@@ -2405,13 +2458,19 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
       const int64_t o = frame.rows ? item * group : item / chunks;
       const int64_t i0 = frame.rows ? 0 : (item % chunks) * tile;
       // Reduced elements of this item: an inner chunk, or (row-group mode) rows.
-      const int64_t width = frame.rows ? std::min(group, run.outer - o) : std::min(tile, inner - i0);
+      const int64_t width =
+          frame.rows ? std::min(group, run.outer - o) : std::min(tile, inner - i0);
       const int64_t reduced_offset = o * inner + i0;
       const int64_t reduced_count = (width + kPad - 1) / kPad * kPad;
       // Every full tile of this item, in order.
       auto for_tiles = [&](const PassSchedules& s, bool streaming) {
         if (frame.rows) {
           full_tile(s, streaming, o * reduce, width * reduce);
+        } else if (frame.cols) {
+          for (int64_t r0 = 0; r0 < reduce; r0 += blocks) {
+            full_tile(s, streaming, (o * reduce + r0) * inner,
+                      std::min(blocks, reduce - r0) * inner);
+          }
         } else if (frame.lanes) {
           for (int64_t r0 = 0; r0 < reduce; r0 += tile) {
             full_tile(s, streaming, o * reduce + r0, std::min(tile, reduce - r0));
@@ -2435,10 +2494,13 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
           InitAccumulator(step, acc, acc + plans.buffer_bytes,
                           frame.lanes && !frame.rows ? kLanes : reduced_count);
         }
-        for_tiles(frame.rows ? plans.rows_accumulate[p - 1] : plans.accumulate[p - 1], false);
+        const bool grouped = frame.rows || frame.cols;
+        for_tiles(grouped ? plans.rows_accumulate[p - 1] : plans.accumulate[p - 1], false);
         finalize(p);
       }
-      if (plans.has_final) for_tiles(frame.rows ? plans.rows_final : plans.final, stream);
+      if (plans.has_final) {
+        for_tiles(frame.rows || frame.cols ? plans.rows_final : plans.final, stream);
+      }
     }
   }
 #ifdef TF_AUTOFUSE_X86_CONVERT
