@@ -47,8 +47,17 @@
 //     a tile is the item's inner chunk at one r, and the accumulators are one per inner index,
 //     accumulated over r in order. Either way the order depends only on the shapes: every
 //     reduced element is accumulated by one thread, bit-identically for any thread count.
-//   * Accumulators: f16/bf16 sums in fp32, f32 and f64 in f64, i32 wrapping; Max/Min in the
-//     compute type, propagating NaN.
+//   * Short rows and short inner blocks would leave tiles nearly empty, so two grouped modes put
+//     several of them in one tile (chosen from the shapes alone, so still deterministic):
+//       row groups     inner == 1 and R <= tile/4: an item is tile/R whole rows, each reduced
+//                      in order into its own accumulator;
+//       column groups  1 < inner <= tile/4: a tile is tile/inner consecutive r of one outer
+//                      index, accumulated block after block (the order of one-block tiles).
+//     Their full passes read reduced values expanded into a slot (kExpandReduced: one value
+//     repeated over its row, or the inner vector repeated per block), row by row.
+//   * Accumulators: f16/bf16 sums in fp32, f32 and f64 in f64 (f64 with a compensation term),
+//     i32 wrapping (i32 Mean in int64, as TensorFlow); Max/Min in the compute type, propagating
+//     NaN.
 //
 // Output forwarding: an output may take over an input's buffer when the input is read in place
 // (not broadcast, not read as a reduced value) and, within a tile and in every schedule of the
