@@ -131,6 +131,7 @@ class GraphView:
                     self._data_consumers.setdefault(name, []).append((node.name, position, index))
             self._data_inputs[node.name] = data
             self._control_inputs[node.name] = control
+        self._consts: dict = {}
         self._successors = self._forward_successors()
         self.order, self._cyclic = self._topological_order()
         self.position = {name: i for i, name in enumerate(self.order)}
@@ -218,10 +219,29 @@ class GraphView:
             return attrs["dtype"].type
         if node.op == "Cast" and "DstT" in attrs:
             return attrs["DstT"].type
-        known = catalog.for_tf_op(node.op) or node.op in _SAME_SHAPE_OPS
-        if (known or node.op == catalog.COMPOSITION_OP) and "T" in attrs:
+        entry = catalog.tf_op(node.op)
+        if entry is not None:
+            return entry.output_dtype(node)
+        if (node.op in _SAME_SHAPE_OPS or node.op == catalog.COMPOSITION_OP) and "T" in attrs:
             return attrs["T"].type
         return None
+
+    def const_value(self, tensor: Tensor):
+        """The numpy value of a Const node's output, or None."""
+        name, index = tensor
+        if index != 0 or name not in self._by_name:
+            return None
+        node = self.node(name)
+        if node.op != "Const" or "value" not in node.attr:
+            return None
+        if name not in self._consts:
+            try:
+                from tensorflow.python.framework import tensor_util
+
+                self._consts[name] = tensor_util.MakeNdarray(node.attr["value"].tensor)
+            except Exception:  # noqa: BLE001 - a Const we cannot read is just not a constant
+                self._consts[name] = None
+        return self._consts[name]
 
     def dtype(self, name: str) -> Optional[int]:
         """The node's `T` attr (the compute type of an elementwise op), or None."""
@@ -271,16 +291,12 @@ class GraphView:
             shapes.get(n, ())[i] if i < len(shapes.get(n, ())) else None
             for n, i in self._data_inputs[node.name]
         ]
-        spec = catalog.for_tf_op(node.op)
-        unary = node.op == catalog.COMPOSITION_OP or node.op in _SAME_SHAPE_OPS
-        if spec is not None and spec.kind == catalog.ELEMENTWISE and spec.arity == 1:
-            unary = True
-        if unary and len(inputs) == 1:
+        if node.op in _SAME_SHAPE_OPS and len(inputs) == 1:
             return inputs[0]
-        if spec is not None and spec.kind == catalog.ELEMENTWISE and spec.arity == 2:
-            if len(inputs) == 2 and known_equal(inputs[0], inputs[1]):
-                return inputs[0]
-        return None
+        if catalog.tf_op(node.op) is None and node.op != catalog.COMPOSITION_OP:
+            return None
+        return catalog.output_shape(node, self._data_inputs[node.name], inputs,
+                                    self.const_value)
 
 
 def _merge_lists(first: list[Shape], second: list[Shape]) -> list[Shape]:
