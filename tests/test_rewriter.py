@@ -675,18 +675,36 @@ def test_device_type(device, kind):
 # --- program text ------------------------------------------------------------------------------
 
 
+def _attrs_for(spec, name):
+    attrs = {"to": "f32" if name != "f32" else "f16", "alpha": "0.2", "axes": "[1]"}
+    return "".join(f" {key}={attrs[key]}" for key in sorted(spec.attrs))
+
+
 def _programs_for_every_op():
     for spec in catalog.OPS:
         for dtype in sorted(spec.dtypes):
             name = ir.DTYPE_NAMES[dtype]
-            if spec.arity == 1:
-                yield f"in0: {name}[4,3]\n%0 = {spec.ir_name} in0\n%1 = {spec.ir_name} %0\nout0 = %1\n"
-            else:
-                imm = "2" if name == "i32" else "0.5"
+            attrs = _attrs_for(spec, name)
+            imm = {"i32": "2", "bool": "true"}.get(name, "0.5")
+            if spec.kind == "reduce":
                 yield (
-                    f"in0: {name}[?,3]\nin1: {name}[?,3]\n%0 = {spec.ir_name} in0, in1\n"
-                    f"%1 = {spec.ir_name} %0, {imm}\nout0 = %1\nout1 = in1\n"
+                    f"in0: {name}[4,3]\n%0 = {spec.ir_name} in0{attrs}\n%1 = Sub in0, %0\n"
+                    f"%2 = {spec.ir_name} %1{attrs}\nout0 = %1\nout1 = %2 -> [4]\n"
                 )
+            elif spec.arity == 1:
+                again = f"%1 = {spec.ir_name} %0{attrs}\nout0 = %1\n" if spec.result == "same" \
+                    else "out0 = %0\n"
+                yield f"in0: {name}[4,3]\n%0 = {spec.ir_name} in0{attrs}\n{again}"
+            elif spec.arity == 2:
+                again = f"%1 = {spec.ir_name} %0, {imm}\nout0 = %1\n" if spec.result == "same" \
+                    else f"%1 = {spec.ir_name} in0, {imm}\nout0 = %0\nout1 = %1\n"
+                yield (f"in0: {name}[?,3]\nin1: {name}[?,3] -> [?,1,3]\n"
+                       f"%0 = {spec.ir_name} in0, in1\n{again}out2 = in1\n".replace(
+                           "out2", "out2" if spec.result != "same" else "out1"))
+            else:
+                yield (f"in0: bool[4,3]\nin1: {name}[4,3]\nin2: {name}[3]\n"
+                       f"%0 = {spec.ir_name} in0, in1, in2\n%1 = {spec.ir_name} false, %0, {imm}\n"
+                       f"out0 = %1\n")
 
 
 @pytest.mark.parametrize("text", list(_programs_for_every_op()))
@@ -754,9 +772,18 @@ def test_catalog_names():
     assert catalog.for_tf_op("Maximum").ascendc == "Max"
     assert catalog.for_tf_op("Log").ascendc == "Ln"
     assert catalog.for_tf_op("Erf").ascendc is None
-    assert catalog.for_tf_op("BiasAdd") is None
+    assert catalog.for_tf_op("BiasAdd") is None  # not one to one: see catalog.tf_op
+    assert catalog.tf_op("BiasAdd").kind == "broadcast"
+    assert catalog.tf_op("AddN").ir_ops == ("Add",)
+    assert catalog.tf_op("ClipByValue").ir_ops == ("Maximum", "Minimum")
+    assert catalog.tf_op("Reshape").kind == "view"
+    assert catalog.for_tf_op("Select") is catalog.for_tf_op("SelectV2")
     assert "_UnaryOpsComposition" in catalog.candidate_op_types()
-    assert all(spec.kind == "elementwise" for spec in catalog.OPS)
+    assert "Reshape" not in catalog.candidate_op_types()
+    assert {spec.kind for spec in catalog.OPS} == {"elementwise", "broadcast", "reduce"}
+    for spec in catalog.OPS:
+        assert spec.kind == {1: "elementwise", 2: "broadcast", 3: "broadcast"}[spec.arity] or (
+            spec.kind == "reduce" and spec.attrs == {"axes"})
     assert {catalog.for_ir_name(n).arity for n in ("Add", "SquaredDifference")} == {2}
 
 
@@ -777,7 +804,11 @@ def _run_tf_op(op_type, args):
     return op(**{n: tf.constant(a) for n, a in zip(names, args)}).numpy()
 
 
-@pytest.mark.parametrize("spec", catalog.OPS, ids=lambda s: s.ir_name)
+_PLAIN = [s for s in catalog.OPS if not s.attrs and s.kind != "reduce"
+          and types_pb2.DT_BOOL not in s.dtypes and s.arity < 3]
+
+
+@pytest.mark.parametrize("spec", _PLAIN, ids=lambda s: s.ir_name)
 def test_catalog_reference_matches_tensorflow(spec):
     rng = np.random.default_rng(0)
     args = [_domain(spec.ir_name, rng) for _ in range(spec.arity)]
@@ -790,8 +821,36 @@ def test_catalog_reference_matches_tensorflow(spec):
         ints = [rng.integers(-50, 50, (32,)).astype(np.int32) for _ in range(spec.arity)]
         expected = _run_tf_op(spec.tf_ops[0], ints)
         got = spec.reference(*ints)
-        assert got.dtype == np.int32
+        assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
+
+
+def test_catalog_reference_of_ops_with_attrs_bool_and_reductions():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-4, 4, (6, 5))
+    y = rng.uniform(-4, 4, (6, 5))
+    spec = catalog.for_ir_name
+    np.testing.assert_array_equal(spec("Cast").reference(x, to=np.float16),
+                                  tf.cast(x, tf.float16).numpy())
+    np.testing.assert_allclose(spec("LeakyRelu").reference(x, alpha=float(np.float32(0.3))),
+                               tf.nn.leaky_relu(x, 0.3).numpy(), rtol=1e-15)
+    b, c = x > 0, y > 0
+    np.testing.assert_array_equal(spec("LogicalAnd").reference(b, c), tf.logical_and(b, c))
+    np.testing.assert_array_equal(spec("LogicalOr").reference(b, c), tf.logical_or(b, c))
+    np.testing.assert_array_equal(spec("LogicalNot").reference(b), tf.logical_not(b))
+    np.testing.assert_array_equal(spec("Select").reference(b, x, y), tf.where(b, x, y))
+    for name, fn in [("Greater", tf.greater), ("GreaterEqual", tf.greater_equal),
+                     ("Less", tf.less), ("LessEqual", tf.less_equal), ("Equal", tf.equal),
+                     ("NotEqual", tf.not_equal)]:
+        np.testing.assert_array_equal(spec(name).reference(x, np.round(y)),
+                                      fn(x, np.round(y)).numpy())
+    for name, fn in [("Sum", tf.reduce_sum), ("Mean", tf.reduce_mean), ("Max", tf.reduce_max),
+                     ("Min", tf.reduce_min), ("Prod", tf.reduce_prod)]:
+        np.testing.assert_allclose(spec(name).reference(x, axes=(1,)),
+                                   fn(x, axis=[1], keepdims=True).numpy(), rtol=1e-12)
+    ints = rng.integers(-50, 50, (4, 7)).astype(np.int32)
+    np.testing.assert_array_equal(spec("Mean").reference(ints, axes=(0,)),
+                                  tf.reduce_mean(ints, axis=[0], keepdims=True).numpy())
 
 
 # --- numbers: original vs rewritten ------------------------------------------------------------
