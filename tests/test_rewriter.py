@@ -862,7 +862,13 @@ def test_catalog_reference_of_ops_with_attrs_bool_and_reductions():
 _TF_OP = {spec.ir_name: spec.tf_ops[0] for spec in catalog.OPS}
 
 
+def _shape_const(name, dims):
+    return const(name, np.array([-1 if d < 0 else d for d in dims], np.int32), tf.int32)
+
+
 def _expand_fused(graph_def):
+    """Each AutofuseKernel -> the TF ops its program means (views: Reshape; reductions:
+    keep_dims=True over the iteration axes; immediates: Consts of the operand dtype)."""
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     del out.node[:]
@@ -871,23 +877,70 @@ def _expand_fused(graph_def):
             out.node.add().CopyFrom(n)
             continue
         p = ir.parse(program_of(n))
-        dtype = n.attr["Tin"].list.type[0]
+        dtypes = p.value_dtypes()
         data = [i for i in n.input if not i.startswith("^")]
         controls = [i for i in n.input if i.startswith("^")]
-        values = {ir.In(k): src for k, src in enumerate(data)}
+        values, kinds = {}, {}
+        for k, (src, decl) in enumerate(zip(data, p.inputs)):
+            kinds[ir.In(k)] = decl.dtype
+            if decl.view is None:
+                values[ir.In(k)] = src
+                continue
+            shape = _shape_const(f"{n.name}/in{k}_shape", decl.view)
+            view = node(f"{n.name}/in{k}", "Reshape", [src, shape.name], ir.DTYPES[decl.dtype])
+            view.attr["Tshape"].type = types_pb2.DT_INT32
+            out.node.extend([shape, view])
+            values[ir.In(k)] = view.name
         for i, inst in enumerate(p.instructions):
+            spec = catalog.for_ir_name(inst.op)
+            roles = spec.operand_roles()
+            data_dtype = next((kinds[o] for o, r in zip(inst.operands, roles)
+                               if isinstance(o, ir.Ref) and r == "data"), "bool")
             operands = []
-            for j, operand in enumerate(inst.operands):
+            for j, (operand, role) in enumerate(zip(inst.operands, roles)):
                 if isinstance(operand, ir.Ref):
                     operands.append(values[operand])
-                else:
-                    c = const(f"{n.name}/imm{i}_{j}", operand, tf.as_dtype(dtype))
-                    out.node.append(c)
-                    operands.append(c.name)
-            out.node.append(node(f"{n.name}/v{i}", _TF_OP[inst.op], operands, dtype, n.device))
-            values[ir.Val(i)] = f"{n.name}/v{i}"
-        outputs = node(n.name, "IdentityN", [values[r] for r in p.outputs] + controls, None, n.device)
-        outputs.attr["T"].list.type.extend([dtype] * len(p.outputs))
+                    continue
+                kind = "bool" if role == "bool" else data_dtype
+                c = const(f"{n.name}/imm{i}_{j}", operand, tf.as_dtype(ir.DTYPES[kind]))
+                out.node.append(c)
+                operands.append(c.name)
+            attrs = dict(inst.attrs)
+            name = f"{n.name}/v{i}"
+            t = ir.DTYPES[data_dtype]
+            if spec.kind == "reduce":
+                axes = const(f"{name}/axes", np.array(ir.parse_axes(attrs["axes"]), np.int32),
+                             tf.int32)
+                out.node.append(axes)
+                new = node(name, _TF_OP[inst.op], operands + [axes.name], t)
+                new.attr["keep_dims"].b = True
+                new.attr["Tidx"].type = types_pb2.DT_INT32
+            elif inst.op == "Cast":
+                new = node(name, "Cast", operands, None)
+                new.attr["SrcT"].type = t
+                new.attr["DstT"].type = ir.DTYPES[attrs["to"]]
+            elif spec.dtypes == catalog.BOOL:
+                new = node(name, _TF_OP[inst.op], operands, None)
+            else:
+                new = node(name, _TF_OP[inst.op], operands, t)
+                if "alpha" in attrs:
+                    new.attr["alpha"].f = float(attrs["alpha"])
+            out.node.append(new)
+            values[ir.Val(i)] = name
+            kinds[ir.Val(i)] = dtypes[i]
+        results = []
+        for k, (ref, view) in enumerate(zip(p.outputs, p.output_views)):
+            if view is None:
+                results.append(values[ref])
+                continue
+            shape = _shape_const(f"{n.name}/out{k}_shape", view)
+            reshaped = node(f"{n.name}/out{k}", "Reshape", [values[ref], shape.name],
+                            ir.DTYPES[kinds[ref]])
+            reshaped.attr["Tshape"].type = types_pb2.DT_INT32
+            out.node.extend([shape, reshaped])
+            results.append(reshaped.name)
+        outputs = node(n.name, "IdentityN", results + controls, None, n.device)
+        outputs.attr["T"].list.type.extend(n.attr["Tout"].list.type)
         out.node.append(outputs)
     return out
 
