@@ -1060,3 +1060,478 @@ def test_run_int32(run_fused):
     )
     x = np.random.default_rng(7).integers(-100, 100, (5, 7)).astype(np.int32)
     _compare(run_fused, g, ["d"], {"x": x}, rtol=0)
+
+
+# --- issue 3: broadcast, views, reductions, new ops ---------------------------------------------
+
+REDUCE_ON = types.SimpleNamespace(max_fusion_size=64, autofuse_enable_pass=("reduce",))
+
+
+def tf_graph(build):
+    """A GraphDef (with _output_shapes) built with the TF1 API."""
+    g = tf.Graph()
+    with g.as_default():
+        build()
+    return g.as_graph_def(add_shapes=True)
+
+
+def expanded_matches(g, fetches, values, rtol=1e-6, **kwargs):
+    """The rewritten graph, with each fused node expanded into TF ops, gives the original's
+    numbers: checks inputs, views, immediates, reductions and outputs without the kernel."""
+    result = rewriter.rewrite(g, preserve=fetches, **kwargs)
+    assert result.fusions
+    want = _run(g, fetches, values)
+    got = _run(_expand_fused(result.graph_def), fetches, values)
+    for w, v in zip(want, got):
+        assert w.dtype == v.dtype and w.shape == v.shape
+        np.testing.assert_allclose(v.astype(np.float64), w.astype(np.float64), rtol=rtol,
+                                   atol=rtol)
+    return result
+
+
+def programs(result):
+    return {f.name: f.program for f in result.fusions}
+
+
+def gelu_tanh():
+    x = tf1.placeholder(tf.float32, [8, 64], name="x")
+    y = x * 0.5 * (1.0 + tf.tanh(0.7978845608 * (x + 0.044715 * tf.pow(x, 3.0))))
+    tf.identity(y, name="y")
+
+
+def test_gelu_tanh_form_is_one_pointwise_kernel():
+    g = tf_graph(gelu_tanh)
+    result = expanded_matches(g, ["y"], {"x": _uniform(0, (8, 64))})
+    assert programs(result) == {"autofuse_pointwise_0_Mul_Pow_Mul_AddV2_Mul_Tanh_AddV2_Mul": (
+        "in0: f32[8,64]\n%0 = Mul in0, 0.5\n%1 = Pow in0, 3.0\n%2 = Mul 0.044714998453855515, %1\n"
+        "%3 = Add in0, %2\n%4 = Mul 0.7978845834732056, %3\n%5 = Tanh %4\n%6 = Add 1.0, %5\n"
+        "%7 = Mul %0, %6\nout0 = %7\n")}
+    (fused,) = fused_nodes(result.graph_def)
+    assert list(fused.input) == ["x"]  # the scalar Consts are immediates
+    assert not [n for n in result.graph_def.node if n.op == "Const"]
+
+
+def test_gelu_erf_form():
+    def build():
+        x = tf1.placeholder(tf.float32, [8, 64], name="x")
+        tf.identity(0.5 * x * (1.0 + tf.math.erf(x / 1.4142135623730951)), name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(1, (8, 64))})
+    assert programs(result) == {"autofuse_pointwise_0_Mul_RealDiv_Erf_AddV2_Mul": (
+        "in0: f32[8,64]\n%0 = Mul 0.5, in0\n%1 = Div in0, 1.4142135381698608\n%2 = Erf %1\n"
+        "%3 = Add 1.0, %2\n%4 = Mul %0, %3\nout0 = %4\n")}
+
+
+def test_swish_with_a_bias_reads_the_bias_const_as_an_input():
+    def build():
+        x = tf1.placeholder(tf.float32, [8, 64], name="x")
+        b = tf.constant(np.linspace(-1, 1, 64).astype(np.float32), name="b")
+        h = x + b
+        tf.identity(h * tf.sigmoid(h), name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(2, (8, 64))})
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == "autofuse_pointwise_0_AddV2_Sigmoid_Mul"
+    assert list(fused.input) == ["x", "b"]
+    assert by_name(result.graph_def)["b"].op == "Const"  # the Const stays and feeds the kernel
+    assert program_of(fused) == ("in0: f32[8,64]\nin1: f32[64]\n%0 = Add in0, in1\n"
+                                 "%1 = Sigmoid %0\n%2 = Mul %0, %1\nout0 = %2\n")
+
+
+def layer_norm_graph():
+    """Keras-style: moments over the last axis (after Grappler pruned the StopGradient)."""
+    x = placeholder("x", F32, (8, 16, 64))
+    axes = const("axes", np.array([-1], np.int32), tf.int32)
+    mean = node("mean", "Mean", ["x", "axes"])
+    mean.attr["keep_dims"].b = True
+    var = node("var", "Mean", ["sqd", "axes"])
+    var.attr["keep_dims"].b = True
+    return graph(
+        x, axes, mean,
+        node("sqd", "SquaredDifference", ["x", "mean"]), var,
+        const("eps", np.float32(1e-3)),
+        node("add_eps", "AddV2", ["var", "eps"]),
+        node("rsqrt", "Rsqrt", ["add_eps"]),
+        const("gamma", np.linspace(0.5, 1.5, 64).astype(np.float32)),
+        node("scale", "Mul", ["rsqrt", "gamma"]),
+        node("xs", "Mul", ["x", "scale"]),
+        node("ms", "Mul", ["mean", "scale"]),
+        const("beta", np.linspace(-1, 1, 64).astype(np.float32)),
+        node("shift", "Sub", ["beta", "ms"]),
+        node("y", "AddV2", ["xs", "shift"]),
+    )
+
+
+def test_layer_norm_is_one_reduce_kernel():
+    g = layer_norm_graph()
+    result = expanded_matches(g, ["y"], {"x": _uniform(3, (8, 16, 64))}, rtol=1e-5,
+                              flags=REDUCE_ON)
+    assert programs(result) == {
+        "autofuse_reduce_0_Mean_SquaredDifference_Mean_AddV2_Rsqrt_Mul_Mul_Mul_Sub_AddV2": (
+            "in0: f32[8,16,64]\nin1: f32[64]\nin2: f32[64]\n"
+            "%0 = Mean in0 axes=[2]\n%1 = SquaredDifference in0, %0\n%2 = Mean %1 axes=[2]\n"
+            "%3 = Add %2, 0.0010000000474974513\n%4 = Rsqrt %3\n%5 = Mul %4, in1\n"
+            "%6 = Mul in0, %5\n%7 = Mul %0, %5\n%8 = Sub in2, %7\n%9 = Add %6, %8\nout0 = %9\n")}
+    (fused,) = fused_nodes(result.graph_def)
+    assert list(fused.input) == ["x", "gamma", "beta"]
+
+
+def test_layer_norm_without_the_reduce_pass_fuses_only_pointwise_parts():
+    result = rewriter.rewrite(layer_norm_graph(), preserve=["y"])
+    assert all(f.kind == "pointwise" for f in result.fusions)
+    reasons = dict(result.refusals)
+    assert reasons["mean"] == "the reduce pass is off (--autofuse_enable_pass=reduce turns it on)"
+    assert reasons["var"] == reasons["mean"]
+
+
+def test_mean_then_rsqrt():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 32], name="x")
+        tf.math.rsqrt(tf.reduce_mean(x * x, axis=1), name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(4, (4, 32))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Mul_Mean_Rsqrt": (
+        "in0: f32[4,32]\n%0 = Mul in0, in0\n%1 = Mean %0 axes=[1]\n%2 = Rsqrt %1\n"
+        "out0 = %2 -> [4]\n")}
+
+
+def softmax():
+    x = tf1.placeholder(tf.float32, [8, 10], name="x")
+    m = tf.reduce_max(x, axis=1, keepdims=True)
+    e = tf.exp(x - m)
+    tf.identity(e / tf.reduce_sum(e, axis=-1, keepdims=True), name="y")
+
+
+def test_softmax_is_one_reduce_kernel():
+    result = expanded_matches(tf_graph(softmax), ["y"], {"x": _uniform(5, (8, 10))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Max_Sub_Exp_Sum_RealDiv": (
+        "in0: f32[8,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
+        "%3 = Sum %2 axes=[1]\n%4 = Div %2, %3\nout0 = %4\n")}
+
+
+def test_squeeze_excite_halves():
+    def squeeze():  # global mean over H, W, then the (1x1 conv) MLP would follow
+        x = tf1.placeholder(tf.float32, [2, 7, 7, 16], name="x")
+        tf.nn.relu(tf.reduce_mean(tf.abs(x), axis=[1, 2], keepdims=True), name="s")
+
+    def excite():  # after the 1x1 conv: sigmoid of the [N,1,1,C] gate times the feature map
+        x = tf1.placeholder(tf.float32, [2, 7, 7, 16], name="x")
+        s = tf1.placeholder(tf.float32, [2, 1, 1, 16], name="gate")
+        tf.identity(x * tf.sigmoid(s), name="y")
+
+    result = expanded_matches(tf_graph(squeeze), ["s"], {"x": _uniform(6, (2, 7, 7, 16))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Abs_Mean_Relu": (
+        "in0: f32[2,7,7,16]\n%0 = Abs in0\n%1 = Mean %0 axes=[1,2]\n%2 = Relu %1\nout0 = %2\n")}
+    result = expanded_matches(tf_graph(excite), ["y"], {"x": _uniform(7, (2, 7, 7, 16)),
+                                                        "gate": _uniform(8, (2, 1, 1, 16))})
+    assert programs(result) == {"autofuse_pointwise_0_Sigmoid_Mul": (
+        "in0: f32[2,1,1,16]\nin1: f32[2,7,7,16]\n%0 = Sigmoid in0\n%1 = Mul in1, %0\n"
+        "out0 = %1\n")}
+
+
+def test_residual_add_relu():
+    g = graph(placeholder("x", F32, (4, 8, 8, 16)), placeholder("skip", F32, (4, 8, 8, 16)),
+              node("add", "AddV2", ["x", "skip"]), node("relu", "Relu", ["add"]))
+    result = expanded_matches(g, ["relu"], {"x": _uniform(9, (4, 8, 8, 16)),
+                                            "skip": _uniform(10, (4, 8, 8, 16))})
+    assert programs(result) == {"autofuse_pointwise_0_AddV2_Relu": (
+        "in0: f32[4,8,8,16]\nin1: f32[4,8,8,16]\n%0 = Add in0, in1\n%1 = Relu %0\nout0 = %1\n")}
+
+
+def bias_add(data_format):
+    n = node("bias_add", "BiasAdd", ["x", "b"])
+    n.attr["data_format"].s = data_format.encode()
+    return n
+
+
+def test_bias_add_relu6_nchw_views_the_bias():
+    g = graph(placeholder("x", F32, (2, 16, 5, 5)), placeholder("b", F32, (16,)),
+              bias_add("NCHW"), node("r6", "Relu6", ["bias_add"]))
+    result = expanded_matches(g, ["r6"], {"x": _uniform(11, (2, 16, 5, 5)),
+                                          "b": _uniform(12, (16,))})
+    assert programs(result) == {"autofuse_pointwise_0_BiasAdd_Relu6": (
+        "in0: f32[2,16,5,5]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\n%1 = Relu6 %0\n"
+        "out0 = %1\n")}
+    g = graph(placeholder("x", F32, (2, 5, 5, 16)), placeholder("b", F32, (16,)),
+              bias_add("NHWC"), node("r6", "Relu6", ["bias_add"]))
+    assert programs(rewriter.rewrite(g, preserve=["r6"])) == {
+        "autofuse_pointwise_0_BiasAdd_Relu6":
+        "in0: f32[2,5,5,16]\nin1: f32[16]\n%0 = Add in0, in1\n%1 = Relu6 %0\nout0 = %1\n"}
+
+
+def test_select_with_a_comparison():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 6], name="x")
+        y = tf1.placeholder(tf.float32, [4, 6], name="w")
+        tf.identity(tf.where(x > y, tf.abs(x), y * 2.0), name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(13, (4, 6)),
+                                                       "w": _uniform(14, (4, 6))})
+    assert programs(result) == {"autofuse_pointwise_0_Greater_Abs_Mul_SelectV2": (
+        "in0: f32[4,6]\nin1: f32[4,6]\n%0 = Greater in0, in1\n%1 = Abs in0\n%2 = Mul in1, 2.0\n"
+        "%3 = Select %0, %1, %2\nout0 = %3\n")}
+
+
+def test_bool_values_and_outputs():
+    g = graph(placeholder("x", F32, (4, 6)), node("nan", "IsNan", ["x"]),
+              node("fin", "IsFinite", ["x"]), node("not", "LogicalNot", ["nan"], None),
+              node("and", "LogicalAnd", ["not", "fin"], None))
+    result = expanded_matches(g, ["and"], {"x": np.array([[np.nan, np.inf, 1, 2, 3, -np.inf]] * 4,
+                                                         np.float32)})
+    (fused,) = fused_nodes(result.graph_def)
+    assert list(fused.attr["Tout"].list.type) == [types_pb2.DT_BOOL]
+    assert program_of(fused) == ("in0: f32[4,6]\n%0 = IsNan in0\n%1 = IsFinite in0\n"
+                                 "%2 = LogicalNot %0\n%3 = LogicalAnd %2, %1\nout0 = %3\n")
+
+
+def test_column_broadcast():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 6], name="x")
+        c = tf1.placeholder(tf.float32, [4, 1], name="c")
+        tf.identity(tf.exp(x - c) * 3.0, name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(15, (4, 6)),
+                                                       "c": _uniform(16, (4, 1))})
+    assert programs(result) == {"autofuse_pointwise_0_Sub_Exp_Mul": (
+        "in0: f32[4,6]\nin1: f32[4,1]\n%0 = Sub in0, in1\n%1 = Exp %0\n%2 = Mul %1, 3.0\n"
+        "out0 = %2\n")}
+
+
+def test_reduction_over_axes_1_2_with_and_without_keep_dims():
+    def build():
+        x = tf1.placeholder(tf.float32, [2, 3, 4, 5], name="x")
+        tf.identity(tf.reduce_sum(tf.abs(x), axis=[1, 2], keepdims=True), name="y")
+        tf.identity(tf.reduce_sum(tf.abs(x), axis=[2, -3], keepdims=False), name="z")
+    result = expanded_matches(tf_graph(build), ["y", "z"], {"x": _uniform(17, (2, 3, 4, 5))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {
+        "autofuse_reduce_0_Abs_Sum": "in0: f32[2,3,4,5]\n%0 = Abs in0\n%1 = Sum %0 axes=[1,2]\n"
+                                     "out0 = %1\n",
+        "autofuse_reduce_1_Abs_Sum": "in0: f32[2,3,4,5]\n%0 = Abs in0\n%1 = Sum %0 axes=[1,2]\n"
+                                     "out0 = %1 -> [2,5]\n"}
+
+
+def test_reduced_and_full_outputs_together():
+    def build():
+        x = tf1.placeholder(tf.float32, [6, 5], name="x")
+        m = tf.reduce_mean(x, axis=0, name="m")  # keep_dims=false over the leading axis: [5]
+        tf.identity(x - m, name="centered")  # broadcasts like the keep_dims form [1,5]
+    result = expanded_matches(tf_graph(build), ["m", "centered"], {"x": _uniform(18, (6, 5))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Mean_Sub": (
+        "in0: f32[6,5]\n%0 = Mean in0 axes=[0]\n%1 = Sub in0, %0\nout0 = %0 -> [5]\nout1 = %1\n")}
+
+
+def test_input_views_reshape_expand_dims_squeeze():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 16, 8, 8], name="x")
+        b = tf1.placeholder(tf.float32, [16], name="b")
+        s = tf1.placeholder(tf.float32, [4, 1, 1, 8, 1], name="s")
+        c = tf1.placeholder(tf.float32, [4, 16], name="c")
+        h = tf.nn.relu(x + tf.reshape(b, [16, 1, 1]))
+        h = h * tf.squeeze(s, axis=[4])
+        tf.identity(h - tf.expand_dims(tf.expand_dims(c, -1), -1), name="y")
+    values = {"x": _uniform(19, (4, 16, 8, 8)), "b": _uniform(20, (16,)),
+              "s": _uniform(21, (4, 1, 1, 8, 1)), "c": _uniform(22, (4, 16))}
+    result = expanded_matches(tf_graph(build), ["y"], values)
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == "autofuse_pointwise_0_AddV2_Relu_Mul_Sub"
+    assert list(fused.input) == ["x", "b", "s", "ExpandDims"]  # one ExpandDims is absorbed
+    assert program_of(fused) == (
+        "in0: f32[4,16,8,8]\nin1: f32[16] -> [16,1,1]\nin2: f32[4,1,1,8,1] -> [4,1,1,8]\n"
+        "in3: f32[4,16,1] -> [4,16,1,1]\n%0 = Add in0, in1\n%1 = Relu %0\n%2 = Mul %1, in2\n"
+        "%3 = Sub %2, in3\nout0 = %3\n")
+    kept = {n.op for n in result.graph_def.node}
+    assert "Reshape" not in kept and "Squeeze" not in kept
+
+
+def test_add_n_clip_leaky_relu_and_cast_lower_to_the_ir():
+    def build():
+        x = tf1.placeholder(tf.float32, [3, 4], name="x")
+        y = tf1.placeholder(tf.float32, [3, 4], name="w")
+        s = tf.add_n([x, y, tf.abs(x)])
+        s = tf.raw_ops.ClipByValue(t=s, clip_value_min=-1.0, clip_value_max=2.0)
+        s = tf.nn.leaky_relu(s, alpha=0.25)
+        tf.cast(tf.cast(s, tf.float16) * tf.constant(2.0, tf.float16), tf.float32, name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(23, (3, 4)),
+                                                       "w": _uniform(24, (3, 4))}, rtol=1e-3)
+    assert programs(result) == {
+        "autofuse_pointwise_0_Abs_AddN_ClipByValue_LeakyRelu_Cast_Mul_Cast": (
+            "in0: f32[3,4]\nin1: f32[3,4]\n%0 = Abs in0\n%1 = Add in0, in1\n%2 = Add %1, %0\n"
+            "%3 = Maximum %2, -1.0\n%4 = Minimum %3, 2.0\n%5 = LeakyRelu %4 alpha=0.25\n"
+            "%6 = Cast %5 to=f16\n%7 = Mul %6, 2.0\n%8 = Cast %7 to=f32\nout0 = %8\n")}
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+
+def test_non_consecutive_axes_are_refused():
+    def build():
+        x = tf1.placeholder(tf.float32, [2, 3, 4], name="x")
+        tf.identity(tf.reduce_sum(tf.abs(x), axis=[0, 2]), name="y")
+    result = rewriter.rewrite(tf_graph(build), preserve=["y"], flags=REDUCE_ON)
+    assert ("Sum", "axes [0, 2] are not consecutive") in result.refusals
+    assert not result.fusions
+
+
+def test_reduce_pass_off_by_default_and_disable_pass():
+    g = tf_graph(softmax)
+    result = rewriter.rewrite(g, preserve=["y"])
+    assert ("Max", "the reduce pass is off (--autofuse_enable_pass=reduce turns it on)") \
+        in result.refusals
+    assert [f.name for f in result.fusions] == ["autofuse_pointwise_0_Sub_Exp"]
+    off = types.SimpleNamespace(autofuse_enable_pass=("reduce",), autofuse_disable_pass=("reduce",))
+    assert all(f.kind == "pointwise" for f in rewriter.rewrite(g, ["y"], flags=off).fusions)
+    nothing = types.SimpleNamespace(autofuse_disable_pass=("pointwise",))
+    assert rewriter.rewrite(g, ["y"], flags=nothing).fusions == []
+
+
+def test_too_many_inputs():
+    nodes = [placeholder(f"p{i}", F32, (4, 3)) for i in range(4)]
+    nodes += [node("a0", "AddV2", ["p0", "p1"]), node("a1", "AddV2", ["a0", "p2"]),
+              node("a2", "AddV2", ["a1", "p3"])]
+    g = graph(*nodes)
+    three = types.SimpleNamespace(max_input_nums_after_fuse=3)
+    result = rewriter.rewrite(g, preserve=["a2"], flags=three)
+    assert [f.nodes for f in result.fusions] == [("a0", "a1")]
+    assert ("a2", "too many inputs (4 > max_input_nums_after_fuse=3)") in result.refusals
+    assert len(rewriter.rewrite(g, preserve=["a2"]).fusions[0].nodes) == 3
+
+
+def test_unknown_shapes_are_refused_conservatively():
+    g = graph(placeholder("x", F32, (-1, 8)), placeholder("y", F32, (-1, 8)),
+              node("a", "Abs", ["x"]), node("add", "AddV2", ["a", "y"]), node("e", "Exp", ["add"]))
+    result = rewriter.rewrite(g, preserve=["e"])
+    assert ("add", "shapes [?,8] and [?,8] not known to broadcast") in result.refusals
+    # one tensor with an unknown size broadcasts against a known [8]
+    g = graph(placeholder("x", F32, (-1, 8)), placeholder("b", F32, (8,)),
+              node("add", "AddV2", ["x", "b"]), node("e", "Exp", ["add"]))
+    assert programs(rewriter.rewrite(g, preserve=["e"])) == {
+        "autofuse_pointwise_0_AddV2_Exp": "in0: f32[?,8]\nin1: f32[8]\n%0 = Add in0, in1\n"
+                                          "%1 = Exp %0\nout0 = %1\n"}
+
+
+def test_keep_dims_false_reduction_feeding_a_full_op_is_refused():
+    def build():
+        x = tf1.placeholder(tf.float32, [5, 5], name="x")
+        tf.identity(x - tf.reduce_max(x, axis=1), name="y")  # TF broadcasts [5] along rows
+    result = rewriter.rewrite(tf_graph(build), preserve=["y"], flags=REDUCE_ON)
+    assert not result.fusions
+    assert ("sub", "cannot join Max's group: sub: Max (a keep_dims=false reduction) broadcasts "
+                   "in TF unlike its keep_dims form") in result.refusals
+
+
+def test_an_output_of_another_shape_is_refused():
+    g = graph(placeholder("x", F32, (4, 3)), placeholder("b", F32, (3,)),
+              node("nb", "Neg", ["b"]), node("add", "AddV2", ["x", "nb"]),
+              node("other", "Identity", ["nb"]))
+    result = rewriter.rewrite(g, preserve=["add", "other"])
+    assert not result.fusions
+    assert ("add", "cannot join nb's group: nb would be an output of shape [3], not the iteration "
+                   "shape [4,3]") in result.refusals
+
+
+def test_select_v1_with_a_row_condition_is_refused():
+    g = graph(placeholder("c", types_pb2.DT_BOOL, (4,)), placeholder("x", F32, (4, 3)),
+              node("a", "Abs", ["x"]), node("s", "Select", ["c", "a", "x"]))
+    assert ("s", "Select (v1) whose condition is neither a scalar nor x's shape") \
+        in rewriter.rewrite(g, ["s"]).refusals
+
+
+def test_equal_with_incompatible_shape_error_false_is_refused():
+    eq = node("eq", "Equal", ["a", "x"])
+    eq.attr["incompatible_shape_error"].b = False
+    g = graph(placeholder("x", F32, (4, 3)), node("a", "Abs", ["x"]), eq)
+    assert ("eq", "Equal with incompatible_shape_error=false") in rewriter.rewrite(g, ["eq"]).refusals
+
+
+# --- policy: skip list, disable scope, recomputation -------------------------------------------
+
+
+def test_skip_list_by_name_and_type():
+    skip = types.SimpleNamespace(names=frozenset({"Relu"}), types=frozenset({"Exp"}))
+    g = graph(*chain(["Abs", "Neg", "Relu", "Exp", "Tanh", "Sin"]))
+    result = rewriter.rewrite(g, preserve=["Sin"],
+                              flags=types.SimpleNamespace(skip_node_names_cfg=skip))
+    assert [f.nodes for f in result.fusions] == [("Abs", "Neg"), ("Tanh", "Sin")]
+    reasons = dict(result.refusals)
+    assert reasons["Relu"] == "listed in --skip_node_names_cfg [ByNodeName]"
+    assert reasons["Exp"] == "listed in --skip_node_names_cfg [ByNodeType]"
+
+
+def test_disable_scope_attr_is_never_fused():
+    nodes = chain(["Abs", "Relu", "Exp"])
+    nodes[2].attr["_disable_autofuse_scope"].b = True
+    result = rewriter.rewrite(graph(*nodes), preserve=["Exp"])
+    assert not result.fusions
+    assert ("Relu", "inside tf_autofuse.disable_autofuse()") in result.refusals
+
+
+def test_disable_autofuse_marks_nodes_in_graphs_and_functions():
+    import tf_autofuse
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4], name="x")
+        a = tf.abs(x, name="a")
+        with tf_autofuse.disable_autofuse():
+            b = tf.exp(a, name="b")
+        tf.nn.relu(b, name="c")
+    marked = {n.name for n in g.as_graph_def().node if "_disable_autofuse_scope" in n.attr}
+    assert marked == {"b"}
+
+    @tf.function
+    def f(x):
+        with tf_autofuse.disable_autofuse():
+            y = tf.exp(x, name="inner")
+        return tf.abs(y, name="outer")
+    fn = f.get_concrete_function(tf.TensorSpec([4], tf.float32)).function_def
+    marked = {n.name for n in fn.node_def if "_disable_autofuse_scope" in n.attr}
+    assert marked == {"inner"}
+
+
+def test_recomputation_threshold_duplicates_cheap_producers():
+    g = graph(
+        placeholder("x", F32, (3, 3)),
+        node("a", "Abs", ["x"]),
+        node("b", "Exp", ["a"]),
+        node("m", "MatMul", ["b", "b"], _output_shapes=[(3, 3)]),
+        node("d", "AddV2", ["a", "m"]),
+        node("r", "Relu", ["d"]),
+    )
+    plain = rewriter.rewrite(g, preserve=["r"])
+    assert [(f.nodes, f.program.count("out")) for f in plain.fusions] == [
+        (("a", "b"), 2), (("d", "r"), 1)]
+    again = rewriter.rewrite(g, preserve=["r"], flags=types.SimpleNamespace(recomputation_threshold=1))
+    assert programs(again) == {
+        "autofuse_pointwise_0_Abs_Exp": "in0: f32[3,3]\n%0 = Abs in0\n%1 = Exp %0\nout0 = %1\n",
+        "autofuse_pointwise_1_Abs_AddV2_Relu": "in0: f32[3,3]\nin1: f32[3,3]\n%0 = Abs in0\n"
+                                               "%1 = Add %0, in1\n%2 = Relu %1\nout0 = %2\n"}
+    (second,) = [n for n in fused_nodes(again.graph_def) if "AddV2" in n.name]
+    assert list(second.input) == ["x", "m"]
+
+
+@pytest.mark.parametrize("build", [gelu_tanh, softmax])
+def test_new_patterns_are_idempotent_and_deterministic(build):
+    g = tf_graph(build)
+    once = rewriter.optimize(g, preserve=["y"], flags=REDUCE_ON)
+    twice = rewriter.rewrite(once, preserve=["y"], flags=REDUCE_ON)
+    assert not twice.fusions
+    assert serialized(twice.graph_def) == serialized(once)
+    assert serialized(rewriter.optimize(g, preserve=["y"], flags=REDUCE_ON)) == serialized(once)
+
+
+def test_program_views_parse_and_print():
+    text = ("in0: f32[?,16] -> [?,16,1,1]\nin1: bool[]\n%0 = Sum in0 axes=[1]\n"
+            "%1 = Select in1, %0, 0.5\n%2 = Cast %1 to=bf16\nout0 = %2 -> [?]\n")
+    p = ir.parse(text)
+    assert p.print() == text
+    assert p.inputs[0] == ir.InputDecl("f32", (-1, 16), (-1, 16, 1, 1))
+    assert p.output_views == ((-1,),)
+    assert p.output_dtypes() == ["bf16"]
+    with pytest.raises(ValueError, match="not increasing and consecutive"):
+        ir.parse("in0: f32[2,3,4]\n%0 = Sum in0 axes=[0,2]\nout0 = %0\n")
+    with pytest.raises(ValueError, match="same axes"):
+        ir.parse("in0: f32[2,3,4]\n%0 = Sum in0 axes=[1]\n%1 = Max in0 axes=[2]\nout0 = %1\n")
+    with pytest.raises(ValueError, match="at most one"):
+        ir.parse("in0: f32[?,?]\n%0 = Abs in0\nout0 = %0 -> [?,?]\n")
+    with pytest.raises(ValueError, match="full value"):
+        ir.parse("in0: f32[2,3]\n%0 = Sum in0 axes=[1]\n%1 = Sum %0 axes=[1]\nout0 = %1\n")

@@ -122,7 +122,7 @@ def rewrite(
             Fusion(name, lowered.kind, tuple(group.members), lowered.op_types,
                    lowered.program.print())
         )
-    return Rewrite(splice(view, plans), fusions, refusals)
+    return Rewrite(splice(view, plans, preserve), fusions, refusals)
 
 
 def optimize(

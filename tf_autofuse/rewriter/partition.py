@@ -25,8 +25,7 @@ from typing import AbstractSet, Iterable, NamedTuple, Optional
 from . import catalog
 from .graph import GraphView, node_name
 from .lower import Lowered, Unfusible, build, compute_ops
-
-DISABLE_ATTR = "_disable_autofuse_scope"
+from .scope import ATTR as DISABLE_ATTR
 
 
 class Refusal(NamedTuple):

@@ -91,8 +91,23 @@ def _identity(plan: Planned, member: str, view: GraphView) -> node_def_pb2.NodeD
     return node
 
 
-def splice(view: GraphView, plans: list[Planned]) -> graph_pb2.GraphDef:
+def _dead_consts(view: GraphView, plans: list[Planned], remap: "_Remap", preserve) -> set:
+    """Consts that only fused members read, now immediates of the programs."""
+    read = {tensor[0] for plan in plans for tensor in plan.lowered.inputs}
+    dead = set()
+    for node in view.nodes:
+        if node.op != "Const" or node.name in preserve or node.name in read:
+            continue
+        consumers = view.data_consumers(node.name)
+        if consumers and not view.control_consumers(node.name) and all(
+                c in remap.control for c, _, _ in consumers):
+            dead.add(node.name)
+    return dead
+
+
+def splice(view: GraphView, plans: list[Planned], preserve=frozenset()) -> graph_pb2.GraphDef:
     remap = _Remap(plans)
+    dead = _dead_consts(view, plans, remap, preserve)
     first_member = {}  # the member whose place the fused node takes
     for plan in plans:
         first_member[min(plan.members + plan.lowered.absorbed, key=view.index)] = plan
@@ -106,7 +121,7 @@ def splice(view: GraphView, plans: list[Planned]) -> graph_pb2.GraphDef:
             for member in plan.members:
                 if member in plan.keep_names:
                     out.node.append(_identity(plan, member, view))
-        if node.name in remap.control:
+        if node.name in remap.control or node.name in dead:
             continue
         copy = out.node.add()
         copy.CopyFrom(node)
