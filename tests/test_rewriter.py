@@ -197,7 +197,7 @@ def test_binary_same_shape_ops_fuse_with_every_input_once():
     assert list(fused.attr["Tin"].list.type) == [F32, F32]
 
 
-def test_binary_with_shapes_not_known_equal_is_refused():
+def test_binary_with_an_unknown_size_against_a_known_size():
     g = graph(
         placeholder("x", F32, (-1, 3)),
         placeholder("y", F32, (4, 3)),
@@ -205,9 +205,15 @@ def test_binary_with_shapes_not_known_equal_is_refused():
         node("add", "AddV2", ["a", "y"]),
         node("e", "Exp", ["add"]),
     )
-    result = rewriter.rewrite(g)
-    assert ("add", "shapes [?,3] and [4,3] not known to broadcast") in result.refusals
-    assert not result.fusions
+    # ? is 1 or 4 at run time (else TF and the kernel both fail): the result is [4,3]
+    result = rewriter.rewrite(g, preserve=["e"])
+    assert programs(result) == {"autofuse_pointwise_0_Abs_AddV2_Exp": (
+        "in0: f32[?,3]\nin1: f32[4,3]\n%0 = Abs in0\n%1 = Add %0, in1\n%2 = Exp %1\nout0 = %2\n")}
+    # but a [?,3] value is not provably the iteration shape [4,3]: it cannot be an output
+    result = rewriter.rewrite(g, preserve=["e", "a"])
+    assert ("add", "cannot join a's group: a would be an output of shape [?,3], not the "
+                   "iteration shape [4,3]") in result.refusals
+    assert [f.nodes for f in result.fusions] == [("add", "e")]
 
 
 def test_binary_shapes_from_the_caller_and_from_output_shapes_attr():

@@ -425,12 +425,21 @@ def tf_op(op_type: str) -> Optional[TfOp]:
 
 
 def broadcast_dim(a: int, b: int) -> Optional[int]:
-    """numpy's rule on two sizes (-1 unknown, <= -2 symbolic); None unless provably valid."""
+    """numpy's rule on two sizes (-1 unknown, <= -2 symbolic); None when it cannot be told.
+
+    An unknown size against a known size > 1 gives the known size: whatever the unknown size
+    is at run time (1 or that size; anything else is an error in TF and in the kernel alike).
+    Two different unknown sizes give no static size: refused (conservative).
+    """
     if a == b and a != -1:
         return a
     if a == 1:
         return b
     if b == 1:
+        return a
+    if a < 0 and b > 1:
+        return b
+    if b < 0 and a > 1:
         return a
     return None
 
