@@ -1541,3 +1541,17 @@ def test_program_views_parse_and_print():
         ir.parse("in0: f32[?,?]\n%0 = Abs in0\nout0 = %0 -> [?,?]\n")
     with pytest.raises(ValueError, match="full value"):
         ir.parse("in0: f32[2,3]\n%0 = Sum in0 axes=[1]\n%1 = Sum %0 axes=[1]\nout0 = %1\n")
+
+
+def test_a_fed_or_control_dependent_scalar_const_is_an_input():
+    g = graph(placeholder("x", F32, (4, 3)), const("c", np.float32(2.0)),
+              node("m", "Mul", ["x", "c"]), node("e", "Exp", ["m"]))
+    assert programs(rewriter.rewrite(g, ["e"]))[
+        "autofuse_pointwise_0_Mul_Exp"].startswith("in0: f32[4,3]\n%0 = Mul in0, 2.0\n")
+    assert "c" not in by_name(rewriter.optimize(g, ["e"]))  # only the program reads it now
+    fed = rewriter.rewrite(g, ["e"], feeds=["c"])
+    assert programs(fed)["autofuse_pointwise_0_Mul_Exp"].startswith(
+        "in0: f32[4,3]\nin1: f32[]\n%0 = Mul in0, in1\n")
+    assert "c" in by_name(fed.graph_def)
+    g.node[1].input.append("^x")
+    assert "in1: f32[]" in programs(rewriter.rewrite(g, ["e"]))["autofuse_pointwise_0_Mul_Exp"]

@@ -83,7 +83,7 @@ def rewrite(
     """
     preserve = frozenset(node_name(p) for p in preserve)
     feeds = frozenset(node_name(f) for f in feeds)
-    policy = policy_from_flags(flags, preserve)
+    policy = dataclasses.replace(policy_from_flags(flags, preserve), feeds=feeds)
     unchanged = graph_pb2.GraphDef()
     unchanged.CopyFrom(graph_def)
     candidates = catalog.candidate_op_types()
@@ -112,7 +112,7 @@ def rewrite(
         members = sorted(set(group.members) | set(group.private), key=view.position.get)
         try:
             lowered = build(view, members, preserve, private=set(group.private), served=served,
-                            absorbable=absorbable)
+                            absorbable=absorbable, feeds=feeds)
         except Unfusible:
             lowered = group.lowered
         name = namer.name(lowered.kind, lowered.op_types)
@@ -122,7 +122,7 @@ def rewrite(
             Fusion(name, lowered.kind, tuple(group.members), lowered.op_types,
                    lowered.program.print())
         )
-    return Rewrite(splice(view, plans, preserve), fusions, refusals)
+    return Rewrite(splice(view, plans, preserve | feeds), fusions, refusals)
 
 
 def optimize(

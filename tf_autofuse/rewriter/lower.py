@@ -70,8 +70,12 @@ def compute_ops(view: GraphView, name: str) -> list:
     return [node.op] if catalog.tf_op(node.op) is not None else []
 
 
-def scalar_immediate(view: GraphView, tensor: Tensor, dtype: Optional[int]):
-    """The Python value of a finite scalar Const of dtype `dtype`, or None."""
+def scalar_immediate(view: GraphView, tensor: Tensor, dtype: Optional[int],
+                     feeds: AbstractSet[str] = frozenset()):
+    """The Python value of a finite scalar Const of dtype `dtype`, or None (also for a Const
+    the caller feeds or that waits on a control input)."""
+    if tensor[0] in feeds or (tensor[0] in view and view.control_inputs(tensor[0])):
+        return None
     value = view.const_value(tensor)
     if value is None or value.shape != () or dtype not in catalog.IR_DTYPES:
         return None
@@ -114,12 +118,14 @@ def build(
     private: AbstractSet[str] = frozenset(),
     served: Optional[Mapping[str, AbstractSet[str]]] = None,
     absorbable: Optional[Callable[[str, AbstractSet[str]], bool]] = None,
+    feeds: AbstractSet[str] = frozenset(),
 ) -> Lowered:
     """Lower `members` (topological order) into one program, or raise Unfusible.
 
     private: members computed here but owned by another group (recomputation): never outputs.
     served: member -> outside consumers that recompute it (they need no output of it).
     absorbable(view_node, members): may this view node's input be read with a view instead?
+    feeds: nodes the caller feeds (a fed Const is an input, never an immediate).
     """
     served = served or {}
     member_set = set(members)
@@ -168,7 +174,7 @@ def build(
                     raise Unfusible(f"{name} reads output {tensor[1]} of member {tensor[0]}")
                 operands.append(("val", tensor[0], values[tensor[0]].shape, dtype))
                 continue
-            immediate = scalar_immediate(view, tensor, dtype)
+            immediate = scalar_immediate(view, tensor, dtype, feeds)
             if immediate is not None:
                 operands.append(("imm", immediate, (), dtype))
             else:

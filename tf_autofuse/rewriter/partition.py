@@ -43,6 +43,7 @@ class Policy:
     skip_names: frozenset = frozenset()
     skip_types: frozenset = frozenset()
     preserve: frozenset = frozenset()
+    feeds: frozenset = frozenset()
 
 
 @dataclasses.dataclass
@@ -146,7 +147,8 @@ def find_groups(
         policy = Policy(max_fusion_size=max_fusion_size)
     if policy.max_fusion_size <= 0 or not policy.pointwise:
         return [], []
-    feeds = frozenset(node_name(f) for f in feeds)
+    feeds = frozenset(node_name(f) for f in feeds) | policy.feeds
+    policy = dataclasses.replace(policy, feeds=feeds)
     refusals: list[Refusal] = []
     group_of: dict[str, Group] = {}
     candidate_types = catalog.candidate_op_types()
@@ -160,7 +162,7 @@ def find_groups(
             reason = f"group full (max_fusion_size={policy.max_fusion_size})"
         if reason is None:
             try:
-                lowered = build(view, [name], policy.preserve)
+                lowered = build(view, [name], policy.preserve, feeds=policy.feeds)
             except Unfusible as err:
                 reason = str(err)
                 if reason.startswith(f"{name}: "):
@@ -214,7 +216,8 @@ def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Polic
     if through is not None:
         return f"would create a cycle through {through}", None
     try:
-        lowered = build(view, sorted(members, key=view.position.get), policy.preserve)
+        lowered = build(view, sorted(members, key=view.position.get), policy.preserve,
+                        feeds=policy.feeds)
     except Unfusible as err:
         return f"cannot join {producer}'s group: {err}", None
     if len(lowered.inputs) > policy.max_inputs:
@@ -254,7 +257,8 @@ def plan_recomputation(view: GraphView, groups: list, policy: Policy) -> dict:
                 private = set(group.private) | copies
                 try:
                     lowered = build(view, sorted(members | private, key=view.position.get),
-                                    policy.preserve, private=private, served=served)
+                                    policy.preserve, private=private, served=served,
+                                    feeds=policy.feeds)
                 except Unfusible:
                     continue
                 if len(lowered.inputs) > policy.max_inputs:
@@ -268,7 +272,8 @@ def plan_recomputation(view: GraphView, groups: list, policy: Policy) -> dict:
         try:
             group.lowered = build(view, sorted(set(group.members) | set(group.private),
                                                key=view.position.get),
-                                  policy.preserve, private=set(group.private), served=served)
+                                  policy.preserve, private=set(group.private), served=served,
+                                  feeds=policy.feeds)
         except Unfusible:
             pass  # keeps its earlier lowering (with the outputs)
     return served
