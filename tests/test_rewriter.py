@@ -1555,3 +1555,16 @@ def test_a_fed_or_control_dependent_scalar_const_is_an_input():
     assert "c" in by_name(fed.graph_def)
     g.node[1].input.append("^x")
     assert "in1: f32[]" in programs(rewriter.rewrite(g, ["e"]))["autofuse_pointwise_0_Mul_Exp"]
+
+
+def test_debug_dump_lists_refusals_with_reasons(tmp_path):
+    from tf_autofuse import debug
+
+    g = tf_graph(softmax)
+    result = rewriter.rewrite(g, preserve=["y"])
+    debug.dump(str(tmp_path), g, result)
+    (refusals,) = tmp_path.glob("graph_*_refusals.txt")
+    text = refusals.read_text()
+    assert "Max: the reduce pass is off (--autofuse_enable_pass=reduce turns it on)\n" in text
+    (fusions,) = tmp_path.glob("graph_*_fusions.txt")
+    assert "autofuse_pointwise_0_Sub_Exp  (pointwise)" in fusions.read_text()

@@ -24,13 +24,15 @@ BINARY = ["AddV2", "Sub", "Mul", "Maximum", "Minimum", "SquaredDifference"]
 REDUCE = ["Sum", "Mean", "Max", "Min"]
 
 
-def random_graph(seed):
+def random_graph(seed, unknown=False):
+    """unknown: placeholders declare some sizes as unknown (-1); the feeds keep them."""
     rng = np.random.default_rng(seed)
     nodes, values, feeds = [], [], {}  # values: (name, shape)
     for i in range(rng.integers(2, 5)):
         shape = SHAPES[rng.integers(len(SHAPES))]
         name = f"in{i}"
-        nodes.append(placeholder(name, F64, shape))
+        declared = tuple(-1 if unknown and rng.random() < 0.4 else d for d in shape)
+        nodes.append(placeholder(name, F64, declared))
         nodes[-1].attr["shape"].shape.SetInParent()  # a scalar's shape attr has no dims
         feeds[name] = rng.uniform(-2, 2, shape)
         values.append((name, shape))
@@ -97,9 +99,10 @@ def random_graph(seed):
     return graph(*nodes), fetches, feeds
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_random_graph_keeps_its_numbers(seed):
-    g, fetches, feeds = random_graph(seed)
+@pytest.mark.parametrize("unknown", [False, True])
+@pytest.mark.parametrize("seed", range(50))
+def test_random_graph_keeps_its_numbers(seed, unknown):
+    g, fetches, feeds = random_graph(seed, unknown)
     if not fetches:
         pytest.skip("nothing computed")
     rng = np.random.default_rng(1000 + seed)

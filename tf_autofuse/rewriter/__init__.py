@@ -1,9 +1,10 @@
 """The graph rewriter: GraphDef in, GraphDef with AutofuseKernel nodes out. Pure Python.
 
     graph.py      read-only view of the GraphDef
-    catalog.py    the table of supported ops
+    catalog.py    the table of supported ops (IR ops, and how each TF op type lowers)
     partition.py  which nodes fuse (policy, with a reason for every refusal)
-    lower.py      a group -> its FusedProgram (program.py) and its inputs and outputs
+    lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
+    scope.py      disable_autofuse(): the attr that keeps nodes out of every fusion
     naming.py     autofuse_<kind>_<n>_<Op>_<Op>...
     splice.py     the new GraphDef
 """

@@ -8,7 +8,8 @@ appended in index order and reported by `in_cycle`.
 Shapes (tuple of ints, -1 an unknown size, <= -2 a symbolic size from the caller's shape
 inference; None an unknown rank) merge, in this order of trust: shapes handed in by the
 caller, `_output_shapes` attrs, the Placeholder `shape` and Const tensor shapes, then
-propagation through the catalog's elementwise ops and a few same-shape ops (Identity, Cast).
+propagation through the catalog's ops (catalog.output_shape: elementwise, numpy broadcast,
+reductions and view ops with Const axes / shapes) and a few same-shape ops (Identity, Cast).
 """
 
 from __future__ import annotations
