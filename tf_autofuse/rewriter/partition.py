@@ -150,6 +150,7 @@ def find_groups(
     feeds = frozenset(node_name(f) for f in feeds) | policy.feeds
     policy = dataclasses.replace(policy, feeds=feeds)
     refusals: list[Refusal] = []
+    merge_refusals: list[tuple] = []  # (index in refusals, producer)
     group_of: dict[str, Group] = {}
     candidate_types = catalog.candidate_op_types()
     for name in view.order:
@@ -183,6 +184,7 @@ def find_groups(
                 continue
             reason, lowered = _refuse_merge(view, group, other, producer, policy)
             if reason is not None:
+                merge_refusals.append((len(refusals), producer))
                 refusals.append(Refusal(name, reason))
                 continue
             group.members = sorted(group.members + other.members, key=view.position.get)
@@ -190,6 +192,11 @@ def find_groups(
             group.lowered = lowered
             for member in other.members:
                 group_of[member] = group
+    # a merge refused early may have happened later through another path: not a refusal
+    settled = {i for i, producer in merge_refusals
+               if group_of.get(producer) is not None
+               and group_of.get(producer) is group_of.get(refusals[i].node)}
+    refusals = [r for i, r in enumerate(refusals) if i not in settled]
     groups = []
     refused = {r.node for r in refusals}
     for group in dict((id(g), g) for g in group_of.values()).values():
