@@ -1568,3 +1568,13 @@ def test_debug_dump_lists_refusals_with_reasons(tmp_path):
     assert "Max: the reduce pass is off (--autofuse_enable_pass=reduce turns it on)\n" in text
     (fusions,) = tmp_path.glob("graph_*_fusions.txt")
     assert "autofuse_pointwise_0_Sub_Exp  (pointwise)" in fusions.read_text()
+
+
+def test_program_reduced_inputs_align_right():
+    # in1 [5] reads as [1,1,5]: 1 along axis 1, so %1 is reduced and may not be reduced again
+    text = ("in0: f32[2,3,5]\nin1: f32[5]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\n"
+            "%2 = Sum %1 axes=[1]\nout0 = %2\n")
+    with pytest.raises(ValueError, match="full value"):
+        ir.parse(text)
+    ok = text.replace("in1: f32[5]", "in1: f32[3,5]")
+    assert ir.parse(ok).print() == ok

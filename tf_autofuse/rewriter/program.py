@@ -207,13 +207,17 @@ def _check(program: FusedProgram) -> list[str]:
                 fail(n_in + i, "every reduction of a program reduces the same axes")
             axes_seen = axes
 
+    def read_as(decl):
+        return decl.view if decl.view is not None else decl.shape
+
+    iteration_rank = max([len(read_as(d)) for d in program.inputs if read_as(d) is not None]
+                         + [max(axes_seen) + 1 if axes_seen else 0])
+
     def input_is_reduced(index: int) -> bool:
-        decl = program.inputs[index]
-        view = decl.view if decl.view is not None else decl.shape
+        view = read_as(program.inputs[index])
         if view is None:
             return False
-        rank = max(len(view), max(axes_seen) + 1)
-        padded = (1,) * (rank - len(view)) + tuple(view)
+        padded = (1,) * (iteration_rank - len(view)) + tuple(view)  # numpy's right alignment
         return all(padded[a] == 1 for a in axes_seen)
 
     value_dtypes: list[str] = []
