@@ -319,10 +319,17 @@ def _check_equal(node):
 
 
 def _emit_addn(em, node, operands, axes):
+    # values first, so that no Add has only immediates (TF's AddN sums in no fixed order)
+    operands = [o for o in operands if not _is_immediate(o)] + [
+        o for o in operands if _is_immediate(o)]
     total = operands[0]
     for operand in operands[1:]:
         total = em("Add", [total, operand])
     return total
+
+
+def _is_immediate(operand) -> bool:
+    return isinstance(operand, (bool, int, float))
 
 
 def _emit_clip(em, node, operands, axes):

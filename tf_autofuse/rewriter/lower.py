@@ -411,9 +411,6 @@ def build(
             for op in ops:
                 result = em(catalog.for_tf_op(op).ir_name, [result])
         else:
-            if entry.emit is catalog.TF_OPS["AddN"].emit:
-                args = [a for a in args if isinstance(a, ir.Ref)] + [
-                    a for a in args if not isinstance(a, ir.Ref)]
             try:
                 result = entry.emit(em, node, args, ir.axes_text(axes) if axes else None)
             except catalog.Unsupported as err:
