@@ -84,6 +84,43 @@ def random_graph(seed, unknown=False):
             if not keep:
                 out = tuple(d for i, d in enumerate(a_shape) if i not in range(start, stop))
             values.append((name, out))
+        elif choice < 0.95:
+            kind = rng.integers(4)
+            if kind == 0:  # AddN of values of one shape
+                same = [n for n, sh in values if sh == a_shape]
+                picks = [same[j] for j in rng.integers(len(same), size=int(rng.integers(2, 4)))]
+                n = node(name, "AddN", picks, F64)
+                n.attr["N"].i = len(picks)
+            elif kind == 1:
+                for bound, value in (("lo", -0.5), ("hi", 0.75)):
+                    nodes.append(const(f"{name}_{bound}", np.float64(value), tf.float64))
+                n = node(name, "ClipByValue", [a_name, f"{name}_lo", f"{name}_hi"], F64)
+            elif kind == 2:
+                n = node(name, "LeakyRelu", [a_name], F64)
+                n.attr["alpha"].f = 0.125
+            else:  # through float32 and back
+                nodes.append(node(f"{name}_f32", "Cast", [a_name], None))
+                nodes[-1].attr["SrcT"].type = F64
+                nodes[-1].attr["DstT"].type = types_pb2.DT_FLOAT
+                n = node(name, "Cast", [f"{name}_f32"], None)
+                n.attr["SrcT"].type = types_pb2.DT_FLOAT
+                n.attr["DstT"].type = F64
+            nodes.append(n)
+            values.append((name, a_shape))
+        elif a_name.startswith("in") and rng.random() < 0.5:
+            axis = int(rng.integers(-len(a_shape) - 1, len(a_shape) + 1))
+            nodes.append(const(f"{name}_axis", np.int32(axis), tf.int32))
+            n = node(name, "ExpandDims", [a_name, f"{name}_axis"], F64)
+            n.attr["Tdim"].type = types_pb2.DT_INT32
+            nodes.append(n)
+            target = list(a_shape)
+            target.insert(axis % (len(a_shape) + 1), 1)
+            values.append((name, tuple(target)))
+        elif a_name.startswith("in") and 1 in a_shape:
+            n = node(name, "Squeeze", [a_name], F64)
+            n.attr["squeeze_dims"].list.i.append(a_shape.index(1))
+            nodes.append(n)
+            values.append((name, tuple(d for i, d in enumerate(a_shape) if i != a_shape.index(1))))
         elif a_name.startswith("in"):
             target = tuple(a_shape) + (1,)
             nodes.append(const(f"{name}_shape", np.array(target, np.int32), tf.int32))
