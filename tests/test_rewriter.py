@@ -1578,3 +1578,13 @@ def test_program_reduced_inputs_align_right():
         ir.parse(text)
     ok = text.replace("in1: f32[5]", "in1: f32[3,5]")
     assert ir.parse(ok).print() == ok
+
+
+def test_symbolic_sizes_the_graph_knows_are_resolved_everywhere():
+    # Grappler: x is [s2,s3,s4,s5] and the conv [s2,s3,s4,8]; the placeholder knows s3=s4=8
+    g = graph(placeholder("x", F32, (-1, 8, 8, 8)), node("c", "Conv2D", ["x", "x"]),
+              node("a", "Abs", ["c"]), node("add", "AddV2", ["a", "x"]))
+    view = graph_mod.GraphView(g, shapes={"x": [(-2, -3, -4, -5)], "c": [(-2, -3, -4, 8)]})
+    assert view.output_shape("x") == (-2, 8, 8, 8)
+    assert view.output_shape("c") == (-2, 8, 8, 8)
+    assert view.output_shape("add") == (-2, 8, 8, 8)

@@ -265,6 +265,7 @@ class GraphView:
         return self.output_shape(*tensor) if tensor[0] in self._by_name else None
 
     def _static_shapes(self, given: Mapping[str, Sequence[Shape]]) -> dict[str, list[Shape]]:
+        given = self._resolve_symbols(given)
         shapes: dict[str, list[Shape]] = {}
         for name in self.order:
             node = self.node(name)
@@ -278,6 +279,31 @@ class GraphView:
                 known.pop()
             shapes[name] = known
         return shapes
+
+    def _resolve_symbols(self, given: Mapping[str, Sequence[Shape]]) -> dict:
+        """The caller's symbolic sizes (<= -2) that a node's own shape (`_output_shapes`, a
+        Placeholder's shape, a Const) knows, replaced by that size everywhere: Grappler gives
+        one symbol to sizes it proved equal, so one known occurrence tells them all."""
+        table: dict[int, int] = {}
+        for name, outputs in given.items():
+            if name not in self._by_name:
+                continue
+            node = self.node(name)
+            others = []
+            if "_output_shapes" in node.attr:
+                others = [shape_from_proto(p) for p in node.attr["_output_shapes"].list.shape]
+            if not others:
+                others = [self._own_shape(node)]
+            for mine, other in zip(outputs, others):
+                if mine is None or other is None or len(mine) != len(other):
+                    continue
+                for a, b in zip(mine, other):
+                    if a <= -2 and b >= 0:
+                        table.setdefault(a, b)
+        if not table:
+            return dict(given)
+        return {name: [None if s is None else tuple(table.get(d, d) for d in s)
+                       for s in outputs] for name, outputs in given.items()}
 
     @staticmethod
     def _own_shape(node: node_def_pb2.NodeDef) -> Shape:
