@@ -1588,3 +1588,44 @@ def test_symbolic_sizes_the_graph_knows_are_resolved_everywhere():
     assert view.output_shape("x") == (-2, 8, 8, 8)
     assert view.output_shape("c") == (-2, 8, 8, 8)
     assert view.output_shape("add") == (-2, 8, 8, 8)
+
+
+def test_disable_scope_attr_reaches_the_pass_in_a_session(monkeypatch):
+    import tf_autofuse
+
+    seen = []
+    real = rewriter.rewrite
+
+    def spy(graph_def, **kwargs):
+        seen.append(graph_def)
+        return real(graph_def, **kwargs)
+    monkeypatch.setattr(rewriter, "rewrite", spy)
+
+    # (Grappler's arithmetic optimizer replaces x + x, x * x or chains of unary ops by new
+    # nodes that do not carry the attr: these use two different tensors.)
+    @tf.function
+    def inner(x, w):
+        with tf_autofuse.disable_autofuse():
+            return tf.multiply(x, w, name="fn_scoped")
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [8], name="x")
+        w = tf1.placeholder(tf.float32, [8], name="w")
+        with tf_autofuse.disable_autofuse():
+            a = tf.add(x, w, name="scoped")
+        y = tf.nn.relu(tf.abs(inner(a, w) + x), name="y")
+        cfg = tf1.ConfigProto()
+        cfg.graph_options.rewrite_options.use_plugin_optimizers = \
+            rewriter_config_pb2.RewriterConfig.OFF
+        cfg.graph_options.rewrite_options.custom_optimizers.add().name = "AutofuseOptimizer"
+        with tf1.Session(graph=g, config=cfg) as sess:
+            xs = np.arange(8, dtype=np.float32)
+            value = sess.run(y, {x: xs, w: xs - 3})
+    np.testing.assert_allclose(value, np.abs((2 * xs - 3) * (xs - 3) + xs), rtol=1e-6)
+    assert seen
+    marked = {n.name.split("/")[-1] for gd in seen for n in gd.node
+              if "_disable_autofuse_scope" in n.attr}
+    marked |= {n.name.split("/")[-1] for gd in seen for f in gd.library.function
+               for n in f.node_def if "_disable_autofuse_scope" in n.attr}
+    assert {"scoped", "fn_scoped"} <= marked, marked
