@@ -1629,3 +1629,20 @@ def test_disable_scope_attr_reaches_the_pass_in_a_session(monkeypatch):
     marked |= {n.name.split("/")[-1] for gd in seen for f in gd.library.function
                for n in f.node_def if "_disable_autofuse_scope" in n.attr}
     assert {"scoped", "fn_scoped"} <= marked, marked
+
+
+def test_layer_norm_with_sub_and_square():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 8, 32], name="x")
+        mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+        centered = x - mean
+        variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+        gamma = tf.constant(np.linspace(0.5, 1.5, 32).astype(np.float32), name="gamma")
+        beta = tf.constant(np.linspace(-1, 1, 32).astype(np.float32), name="beta")
+        tf.identity(centered * tf.math.rsqrt(variance + 1e-5) * gamma + beta, name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(30, (4, 8, 32))},
+                              rtol=1e-5, flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Mean_Sub_Square_Mean_AddV2_Rsqrt_Mul_Mul_AddV2": (
+        "in0: f32[4,8,32]\nin1: f32[32]\nin2: f32[32]\n%0 = Mean in0 axes=[2]\n%1 = Sub in0, %0\n"
+        "%2 = Square %1\n%3 = Mean %2 axes=[2]\n%4 = Add %3, 9.999999747378752e-06\n"
+        "%5 = Rsqrt %4\n%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8\n")}
