@@ -24,7 +24,6 @@ import dataclasses
 import math
 from typing import AbstractSet, Callable, Mapping, Optional
 
-import numpy as np
 from tensorflow.core.framework import types_pb2
 
 from . import catalog
@@ -213,8 +212,8 @@ def build(
         else:
             try:
                 shape = catalog.broadcast_shapes(shapes)
-            except catalog.Unsupported as err:
-                raise Unfusible(f"{name}: {_symbolless(err, shapes)}") from None
+            except catalog.Unsupported:
+                raise Unfusible(f"{name}: {_not_broadcast(shapes)}") from None
         values[name] = _Value(shape)
         plans.append((name, entry, ops, operands, axes, keep))
 
@@ -430,7 +429,7 @@ def build(
                    tuple(op_types), tuple(in_dtypes), out_dtypes, tuple(absorbed), kind)
 
 
-def _symbolless(err, shapes) -> str:
+def _not_broadcast(shapes) -> str:
     return "shapes " + " and ".join(_fmt(s) for s in shapes) + " not known to broadcast"
 
 
