@@ -73,3 +73,100 @@ def test_bad_flag_stops_the_import_naming_the_key():
     assert proc.returncode != 0
     assert "FlagError" in proc.stderr
     assert "--enable_autofuse='perhaps' is not valid; it accepts true or false" in proc.stderr
+
+
+# --- issue 3 flags ---------------------------------------------------------------------------
+
+
+def test_new_defaults():
+    got = flags.from_env({})
+    assert got.autofuse_enable_pass == () and got.autofuse_disable_pass == ()
+    assert got.recomputation_threshold == 0 and got.max_input_nums_after_fuse == 8
+    assert got.skip_node_names_cfg is None
+    assert got.pass_enabled("pointwise") and not got.pass_enabled("reduce")
+
+
+def test_pass_lists():
+    got = read("--autofuse_enable_pass=reduce;--recomputation_threshold=3;"
+               "--max_input_nums_after_fuse=12")
+    assert got.autofuse_enable_pass == ("reduce",) and got.pass_enabled("reduce")
+    assert got.recomputation_threshold == 3 and got.max_input_nums_after_fuse == 12
+    got = read("--autofuse_disable_pass=pointwise")
+    assert not got.pass_enabled("pointwise")
+    assert read("--autofuse_enable_pass=pointwise,reduce").autofuse_enable_pass == (
+        "pointwise", "reduce")
+
+
+@pytest.mark.parametrize("main,words", [
+    ("--autofuse_enable_pass=fancy", ["--autofuse_enable_pass", "pointwise, reduce"]),
+    ("--autofuse_enable_pass=reduce,reduce", ["--autofuse_enable_pass", "pointwise, reduce"]),
+    ("--autofuse_enable_pass=", ["--autofuse_enable_pass", "empty"]),
+    ("--autofuse_disable_pass=reduce,", ["--autofuse_disable_pass", "pointwise, reduce"]),
+    ("--autofuse_enable_pass=reduce;--autofuse_disable_pass=reduce",
+     ["--autofuse_enable_pass", "--autofuse_disable_pass", "reduce"]),
+    ("--autofuse_enable_pass=reduce;--autofuse_enable_pass=reduce",
+     ["--autofuse_enable_pass", "more than once"]),
+    ("--recomputation_threshold=-2", ["--recomputation_threshold", "integer >= 0"]),
+    ("--recomputation_threshold=few", ["--recomputation_threshold", "integer >= 0"]),
+    ("--max_input_nums_after_fuse=0", ["--max_input_nums_after_fuse", "integer >= 1"]),
+    ("--max_input_nums_after_fuse=", ["--max_input_nums_after_fuse", "empty"]),
+    ("--skip_node_names_cfg=/tmp/x.ini", ["--skip_node_names_cfg", "AUTOFUSE_DFX_FLAGS"]),
+])
+def test_bad_new_flags_name_the_key(main, words):
+    with pytest.raises(FlagError) as err:
+        read(main)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_skip_cfg_file(tmp_path):
+    cfg = tmp_path / "skip.ini"
+    cfg.write_text("# nodes to leave alone\n[ByNodeName]\nblock1/relu\n\nhead/Exp\n"
+                   "[ByNodeType]\nSigmoid\n")
+    got = read(dfx=f"--skip_node_names_cfg={cfg}").skip_node_names_cfg
+    assert got.names == {"block1/relu", "head/Exp"} and got.types == {"Sigmoid"}
+    assert got.path == str(cfg)
+
+
+def test_skip_cfg_errors_name_the_flag_and_the_file(tmp_path):
+    missing = tmp_path / "missing.ini"
+    with pytest.raises(FlagError) as err:
+        read(dfx=f"--skip_node_names_cfg={missing}")
+    assert "--skip_node_names_cfg" in str(err.value) and str(missing) in str(err.value)
+    bad = tmp_path / "bad.ini"
+    bad.write_text("[ByNodeName]\na\n[ByColour]\nred\n")
+    with pytest.raises(FlagError) as err:
+        read(dfx=f"--skip_node_names_cfg={bad}")
+    assert "--skip_node_names_cfg" in str(err.value) and str(bad) in str(err.value)
+    assert "[ByColour]" in str(err.value)
+    orphan = tmp_path / "orphan.ini"
+    orphan.write_text("relu\n")
+    with pytest.raises(FlagError, match="before any section"):
+        read(dfx=f"--skip_node_names_cfg={orphan}")
+    with pytest.raises(FlagError, match="--skip_node_names_cfg"):
+        read(dfx="--skip_node_names_cfg=")
+
+
+def test_parameter_map_overrides_new_flags(tmp_path):
+    cfg = tmp_path / "skip.ini"
+    cfg.write_text("[ByNodeType]\nExp\n")
+    got = Flags().with_overrides({"autofuse_enable_pass": "reduce",
+                                  "max_input_nums_after_fuse": "4",
+                                  "skip_node_names_cfg": str(cfg)}, "params")
+    assert got.pass_enabled("reduce") and got.max_input_nums_after_fuse == 4
+    assert got.skip_node_names_cfg.types == {"Exp"}
+    with pytest.raises(FlagError, match="--autofuse_disable_pass"):
+        got.with_overrides({"autofuse_disable_pass": "reduce"}, "params")
+    with pytest.raises(FlagError, match="--recomputation_threshold"):
+        Flags().with_overrides({"recomputation_threshold": "x"}, "params")
+
+
+def test_rewriter_reads_the_flags_object():
+    from tf_autofuse import rewriter
+
+    policy = rewriter.policy_from_flags(read("--autofuse_enable_pass=reduce;"
+                                             "--recomputation_threshold=2;"
+                                             "--max_input_nums_after_fuse=5"))
+    assert policy.reduce and policy.pointwise
+    assert policy.recomputation_threshold == 2 and policy.max_inputs == 5
+    assert not rewriter.policy_from_flags(read("--autofuse_disable_pass=pointwise")).pointwise

@@ -555,8 +555,8 @@ def test_errors_in_graph_name_the_node(ops):
 def test_runtime_shape_mismatch_names_shapes(ops):
     program = "in0: f32[?]\nin1: f32[?]\n%0 = Add in0, in1\nout0 = %0"
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"AutofuseKernel '.*'.*input 1 has shape \[6\] but input 0 has "
-                             r"shape \[5\]"):
+                       match=r"AutofuseKernel '.*'.*do not broadcast: input 0 of shape \[5\] "
+                             r"and input 1 of shape \[6\]"):
         run_fused(ops, program, [tf.zeros([5]), tf.zeros([6])], [tf.float32])
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"input 0 has shape \[2,3\] but the program declares in0: "

@@ -197,7 +197,7 @@ def test_binary_same_shape_ops_fuse_with_every_input_once():
     assert list(fused.attr["Tin"].list.type) == [F32, F32]
 
 
-def test_binary_with_shapes_not_known_equal_is_refused():
+def test_binary_with_an_unknown_size_against_a_known_size():
     g = graph(
         placeholder("x", F32, (-1, 3)),
         placeholder("y", F32, (4, 3)),
@@ -205,9 +205,15 @@ def test_binary_with_shapes_not_known_equal_is_refused():
         node("add", "AddV2", ["a", "y"]),
         node("e", "Exp", ["add"]),
     )
-    result = rewriter.rewrite(g)
-    assert ("add", "shapes [?,3] and [4,3] not known equal") in result.refusals
-    assert not result.fusions
+    # ? is 1 or 4 at run time (else TF and the kernel both fail): the result is [4,3]
+    result = rewriter.rewrite(g, preserve=["e"])
+    assert programs(result) == {"autofuse_pointwise_0_Abs_AddV2_Exp": (
+        "in0: f32[?,3]\nin1: f32[4,3]\n%0 = Abs in0\n%1 = Add %0, in1\n%2 = Exp %1\nout0 = %2\n")}
+    # but a [?,3] value is not provably the iteration shape [4,3]: it cannot be an output
+    result = rewriter.rewrite(g, preserve=["e", "a"])
+    assert ("add", "cannot join a's group: a would be an output of shape [?,3], not the "
+                   "iteration shape [4,3]") in result.refusals
+    assert [f.nodes for f in result.fusions] == [("add", "e")]
 
 
 def test_binary_shapes_from_the_caller_and_from_output_shapes_attr():
@@ -238,7 +244,7 @@ def test_binary_with_equal_symbolic_sizes_from_the_caller():
     result = rewriter.rewrite(g, shapes={"x": [(-2, 3)], "y": [(-2, 3)]})
     assert program_of(fused_nodes(result.graph_def)[0]).startswith("in0: f32[?,3]\nin1: f32[?,3]\n")
     result = rewriter.rewrite(g, shapes={"x": [(-2, 3)], "y": [(-3, 3)]})
-    assert ("add", "shapes [?,3] and [?,3] not known equal") in result.refusals
+    assert ("add", "shapes [?,3] and [?,3] not known to broadcast") in result.refusals
 
 
 def test_shapes_propagate_through_cast():
@@ -675,18 +681,36 @@ def test_device_type(device, kind):
 # --- program text ------------------------------------------------------------------------------
 
 
+def _attrs_for(spec, name):
+    attrs = {"to": "f32" if name != "f32" else "f16", "alpha": "0.2", "axes": "[1]"}
+    return "".join(f" {key}={attrs[key]}" for key in sorted(spec.attrs))
+
+
 def _programs_for_every_op():
     for spec in catalog.OPS:
         for dtype in sorted(spec.dtypes):
             name = ir.DTYPE_NAMES[dtype]
-            if spec.arity == 1:
-                yield f"in0: {name}[4,3]\n%0 = {spec.ir_name} in0\n%1 = {spec.ir_name} %0\nout0 = %1\n"
-            else:
-                imm = "2" if name == "i32" else "0.5"
+            attrs = _attrs_for(spec, name)
+            imm = {"i32": "2", "bool": "true"}.get(name, "0.5")
+            if spec.kind == "reduce":
                 yield (
-                    f"in0: {name}[?,3]\nin1: {name}[?,3]\n%0 = {spec.ir_name} in0, in1\n"
-                    f"%1 = {spec.ir_name} %0, {imm}\nout0 = %1\nout1 = in1\n"
+                    f"in0: {name}[4,3]\n%0 = {spec.ir_name} in0{attrs}\n%1 = Sub in0, %0\n"
+                    f"%2 = {spec.ir_name} %1{attrs}\nout0 = %1\nout1 = %2 -> [4]\n"
                 )
+            elif spec.arity == 1:
+                again = f"%1 = {spec.ir_name} %0{attrs}\nout0 = %1\n" if spec.result == "same" \
+                    else "out0 = %0\n"
+                yield f"in0: {name}[4,3]\n%0 = {spec.ir_name} in0{attrs}\n{again}"
+            elif spec.arity == 2:
+                again = f"%1 = {spec.ir_name} %0, {imm}\nout0 = %1\n" if spec.result == "same" \
+                    else f"%1 = {spec.ir_name} in0, {imm}\nout0 = %0\nout1 = %1\n"
+                yield (f"in0: {name}[?,3]\nin1: {name}[?,3] -> [?,1,3]\n"
+                       f"%0 = {spec.ir_name} in0, in1\n{again}out2 = in1\n".replace(
+                           "out2", "out2" if spec.result != "same" else "out1"))
+            else:
+                yield (f"in0: bool[4,3]\nin1: {name}[4,3]\nin2: {name}[3]\n"
+                       f"%0 = {spec.ir_name} in0, in1, in2\n%1 = {spec.ir_name} false, %0, {imm}\n"
+                       f"out0 = %1\n")
 
 
 @pytest.mark.parametrize("text", list(_programs_for_every_op()))
@@ -754,9 +778,18 @@ def test_catalog_names():
     assert catalog.for_tf_op("Maximum").ascendc == "Max"
     assert catalog.for_tf_op("Log").ascendc == "Ln"
     assert catalog.for_tf_op("Erf").ascendc is None
-    assert catalog.for_tf_op("BiasAdd") is None
+    assert catalog.for_tf_op("BiasAdd") is None  # not one to one: see catalog.tf_op
+    assert catalog.tf_op("BiasAdd").kind == "broadcast"
+    assert catalog.tf_op("AddN").ir_ops == ("Add",)
+    assert catalog.tf_op("ClipByValue").ir_ops == ("Maximum", "Minimum")
+    assert catalog.tf_op("Reshape").kind == "view"
+    assert catalog.for_tf_op("Select") is catalog.for_tf_op("SelectV2")
     assert "_UnaryOpsComposition" in catalog.candidate_op_types()
-    assert all(spec.kind == "elementwise" for spec in catalog.OPS)
+    assert "Reshape" not in catalog.candidate_op_types()
+    assert {spec.kind for spec in catalog.OPS} == {"elementwise", "broadcast", "reduce"}
+    for spec in catalog.OPS:
+        assert spec.kind == {1: "elementwise", 2: "broadcast", 3: "broadcast"}[spec.arity] or (
+            spec.kind == "reduce" and spec.attrs == {"axes"})
     assert {catalog.for_ir_name(n).arity for n in ("Add", "SquaredDifference")} == {2}
 
 
@@ -777,7 +810,11 @@ def _run_tf_op(op_type, args):
     return op(**{n: tf.constant(a) for n, a in zip(names, args)}).numpy()
 
 
-@pytest.mark.parametrize("spec", catalog.OPS, ids=lambda s: s.ir_name)
+_PLAIN = [s for s in catalog.OPS if not s.attrs and s.kind != "reduce"
+          and types_pb2.DT_BOOL not in s.dtypes and s.arity < 3]
+
+
+@pytest.mark.parametrize("spec", _PLAIN, ids=lambda s: s.ir_name)
 def test_catalog_reference_matches_tensorflow(spec):
     rng = np.random.default_rng(0)
     args = [_domain(spec.ir_name, rng) for _ in range(spec.arity)]
@@ -790,8 +827,36 @@ def test_catalog_reference_matches_tensorflow(spec):
         ints = [rng.integers(-50, 50, (32,)).astype(np.int32) for _ in range(spec.arity)]
         expected = _run_tf_op(spec.tf_ops[0], ints)
         got = spec.reference(*ints)
-        assert got.dtype == np.int32
+        assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
+
+
+def test_catalog_reference_of_ops_with_attrs_bool_and_reductions():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-4, 4, (6, 5))
+    y = rng.uniform(-4, 4, (6, 5))
+    spec = catalog.for_ir_name
+    np.testing.assert_array_equal(spec("Cast").reference(x, to=np.float16),
+                                  tf.cast(x, tf.float16).numpy())
+    np.testing.assert_allclose(spec("LeakyRelu").reference(x, alpha=float(np.float32(0.3))),
+                               tf.nn.leaky_relu(x, 0.3).numpy(), rtol=1e-15)
+    b, c = x > 0, y > 0
+    np.testing.assert_array_equal(spec("LogicalAnd").reference(b, c), tf.logical_and(b, c))
+    np.testing.assert_array_equal(spec("LogicalOr").reference(b, c), tf.logical_or(b, c))
+    np.testing.assert_array_equal(spec("LogicalNot").reference(b), tf.logical_not(b))
+    np.testing.assert_array_equal(spec("Select").reference(b, x, y), tf.where(b, x, y))
+    for name, fn in [("Greater", tf.greater), ("GreaterEqual", tf.greater_equal),
+                     ("Less", tf.less), ("LessEqual", tf.less_equal), ("Equal", tf.equal),
+                     ("NotEqual", tf.not_equal)]:
+        np.testing.assert_array_equal(spec(name).reference(x, np.round(y)),
+                                      fn(x, np.round(y)).numpy())
+    for name, fn in [("Sum", tf.reduce_sum), ("Mean", tf.reduce_mean), ("Max", tf.reduce_max),
+                     ("Min", tf.reduce_min), ("Prod", tf.reduce_prod)]:
+        np.testing.assert_allclose(spec(name).reference(x, axes=(1,)),
+                                   fn(x, axis=[1], keepdims=True).numpy(), rtol=1e-12)
+    ints = rng.integers(-50, 50, (4, 7)).astype(np.int32)
+    np.testing.assert_array_equal(spec("Mean").reference(ints, axes=(0,)),
+                                  tf.reduce_mean(ints, axis=[0], keepdims=True).numpy())
 
 
 # --- numbers: original vs rewritten ------------------------------------------------------------
@@ -803,7 +868,13 @@ def test_catalog_reference_matches_tensorflow(spec):
 _TF_OP = {spec.ir_name: spec.tf_ops[0] for spec in catalog.OPS}
 
 
+def _shape_const(name, dims):
+    return const(name, np.array([-1 if d < 0 else d for d in dims], np.int32), tf.int32)
+
+
 def _expand_fused(graph_def):
+    """Each AutofuseKernel -> the TF ops its program means (views: Reshape; reductions:
+    keep_dims=True over the iteration axes; immediates: Consts of the operand dtype)."""
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     del out.node[:]
@@ -812,23 +883,70 @@ def _expand_fused(graph_def):
             out.node.add().CopyFrom(n)
             continue
         p = ir.parse(program_of(n))
-        dtype = n.attr["Tin"].list.type[0]
+        dtypes = p.value_dtypes()
         data = [i for i in n.input if not i.startswith("^")]
         controls = [i for i in n.input if i.startswith("^")]
-        values = {ir.In(k): src for k, src in enumerate(data)}
+        values, kinds = {}, {}
+        for k, (src, decl) in enumerate(zip(data, p.inputs)):
+            kinds[ir.In(k)] = decl.dtype
+            if decl.view is None:
+                values[ir.In(k)] = src
+                continue
+            shape = _shape_const(f"{n.name}/in{k}_shape", decl.view)
+            view = node(f"{n.name}/in{k}", "Reshape", [src, shape.name], ir.DTYPES[decl.dtype])
+            view.attr["Tshape"].type = types_pb2.DT_INT32
+            out.node.extend([shape, view])
+            values[ir.In(k)] = view.name
         for i, inst in enumerate(p.instructions):
+            spec = catalog.for_ir_name(inst.op)
+            roles = spec.operand_roles()
+            data_dtype = next((kinds[o] for o, r in zip(inst.operands, roles)
+                               if isinstance(o, ir.Ref) and r == "data"), "bool")
             operands = []
-            for j, operand in enumerate(inst.operands):
+            for j, (operand, role) in enumerate(zip(inst.operands, roles)):
                 if isinstance(operand, ir.Ref):
                     operands.append(values[operand])
-                else:
-                    c = const(f"{n.name}/imm{i}_{j}", operand, tf.as_dtype(dtype))
-                    out.node.append(c)
-                    operands.append(c.name)
-            out.node.append(node(f"{n.name}/v{i}", _TF_OP[inst.op], operands, dtype, n.device))
-            values[ir.Val(i)] = f"{n.name}/v{i}"
-        outputs = node(n.name, "IdentityN", [values[r] for r in p.outputs] + controls, None, n.device)
-        outputs.attr["T"].list.type.extend([dtype] * len(p.outputs))
+                    continue
+                kind = "bool" if role == "bool" else data_dtype
+                c = const(f"{n.name}/imm{i}_{j}", operand, tf.as_dtype(ir.DTYPES[kind]))
+                out.node.append(c)
+                operands.append(c.name)
+            attrs = dict(inst.attrs)
+            name = f"{n.name}/v{i}"
+            t = ir.DTYPES[data_dtype]
+            if spec.kind == "reduce":
+                axes = const(f"{name}/axes", np.array(ir.parse_axes(attrs["axes"]), np.int32),
+                             tf.int32)
+                out.node.append(axes)
+                new = node(name, _TF_OP[inst.op], operands + [axes.name], t)
+                new.attr["keep_dims"].b = True
+                new.attr["Tidx"].type = types_pb2.DT_INT32
+            elif inst.op == "Cast":
+                new = node(name, "Cast", operands, None)
+                new.attr["SrcT"].type = t
+                new.attr["DstT"].type = ir.DTYPES[attrs["to"]]
+            elif spec.dtypes == catalog.BOOL:
+                new = node(name, _TF_OP[inst.op], operands, None)
+            else:
+                new = node(name, _TF_OP[inst.op], operands, t)
+                if "alpha" in attrs:
+                    new.attr["alpha"].f = float(attrs["alpha"])
+            out.node.append(new)
+            values[ir.Val(i)] = name
+            kinds[ir.Val(i)] = dtypes[i]
+        results = []
+        for k, (ref, view) in enumerate(zip(p.outputs, p.output_views)):
+            if view is None:
+                results.append(values[ref])
+                continue
+            shape = _shape_const(f"{n.name}/out{k}_shape", view)
+            reshaped = node(f"{n.name}/out{k}", "Reshape", [values[ref], shape.name],
+                            ir.DTYPES[kinds[ref]])
+            reshaped.attr["Tshape"].type = types_pb2.DT_INT32
+            out.node.extend([shape, reshaped])
+            results.append(reshaped.name)
+        outputs = node(n.name, "IdentityN", results + controls, None, n.device)
+        outputs.attr["T"].list.type.extend(n.attr["Tout"].list.type)
         out.node.append(outputs)
     return out
 
@@ -948,3 +1066,583 @@ def test_run_int32(run_fused):
     )
     x = np.random.default_rng(7).integers(-100, 100, (5, 7)).astype(np.int32)
     _compare(run_fused, g, ["d"], {"x": x}, rtol=0)
+
+
+# --- issue 3: broadcast, views, reductions, new ops ---------------------------------------------
+
+REDUCE_ON = types.SimpleNamespace(max_fusion_size=64, autofuse_enable_pass=("reduce",))
+
+
+def tf_graph(build):
+    """A GraphDef (with _output_shapes) built with the TF1 API."""
+    g = tf.Graph()
+    with g.as_default():
+        build()
+    return g.as_graph_def(add_shapes=True)
+
+
+def expanded_matches(g, fetches, values, rtol=1e-6, **kwargs):
+    """The rewritten graph, with each fused node expanded into TF ops, gives the original's
+    numbers: checks inputs, views, immediates, reductions and outputs without the kernel."""
+    result = rewriter.rewrite(g, preserve=fetches, **kwargs)
+    assert result.fusions
+    want = _run(g, fetches, values)
+    got = _run(_expand_fused(result.graph_def), fetches, values)
+    for w, v in zip(want, got):
+        assert w.dtype == v.dtype and w.shape == v.shape
+        np.testing.assert_allclose(v.astype(np.float64), w.astype(np.float64), rtol=rtol,
+                                   atol=rtol)
+    return result
+
+
+def programs(result):
+    return {f.name: f.program for f in result.fusions}
+
+
+def gelu_tanh():
+    x = tf1.placeholder(tf.float32, [8, 64], name="x")
+    y = x * 0.5 * (1.0 + tf.tanh(0.7978845608 * (x + 0.044715 * tf.pow(x, 3.0))))
+    tf.identity(y, name="y")
+
+
+def test_gelu_tanh_form_is_one_pointwise_kernel():
+    g = tf_graph(gelu_tanh)
+    result = expanded_matches(g, ["y"], {"x": _uniform(0, (8, 64))})
+    assert programs(result) == {"autofuse_pointwise_0_Mul_Pow_Mul_AddV2_Mul_Tanh_AddV2_Mul": (
+        "in0: f32[8,64]\n%0 = Mul in0, 0.5\n%1 = Pow in0, 3.0\n%2 = Mul 0.044714998453855515, %1\n"
+        "%3 = Add in0, %2\n%4 = Mul 0.7978845834732056, %3\n%5 = Tanh %4\n%6 = Add 1.0, %5\n"
+        "%7 = Mul %0, %6\nout0 = %7\n")}
+    (fused,) = fused_nodes(result.graph_def)
+    assert list(fused.input) == ["x"]  # the scalar Consts are immediates
+    assert not [n for n in result.graph_def.node if n.op == "Const"]
+
+
+def test_gelu_erf_form():
+    def build():
+        x = tf1.placeholder(tf.float32, [8, 64], name="x")
+        tf.identity(0.5 * x * (1.0 + tf.math.erf(x / 1.4142135623730951)), name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(1, (8, 64))})
+    assert programs(result) == {"autofuse_pointwise_0_Mul_RealDiv_Erf_AddV2_Mul": (
+        "in0: f32[8,64]\n%0 = Mul 0.5, in0\n%1 = Div in0, 1.4142135381698608\n%2 = Erf %1\n"
+        "%3 = Add 1.0, %2\n%4 = Mul %0, %3\nout0 = %4\n")}
+
+
+def test_swish_with_a_bias_reads_the_bias_const_as_an_input():
+    def build():
+        x = tf1.placeholder(tf.float32, [8, 64], name="x")
+        b = tf.constant(np.linspace(-1, 1, 64).astype(np.float32), name="b")
+        h = x + b
+        tf.identity(h * tf.sigmoid(h), name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(2, (8, 64))})
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == "autofuse_pointwise_0_AddV2_Sigmoid_Mul"
+    assert list(fused.input) == ["x", "b"]
+    assert by_name(result.graph_def)["b"].op == "Const"  # the Const stays and feeds the kernel
+    assert program_of(fused) == ("in0: f32[8,64]\nin1: f32[64]\n%0 = Add in0, in1\n"
+                                 "%1 = Sigmoid %0\n%2 = Mul %0, %1\nout0 = %2\n")
+
+
+def layer_norm_graph():
+    """Keras-style: moments over the last axis (after Grappler pruned the StopGradient)."""
+    x = placeholder("x", F32, (8, 16, 64))
+    axes = const("axes", np.array([-1], np.int32), tf.int32)
+    mean = node("mean", "Mean", ["x", "axes"])
+    mean.attr["keep_dims"].b = True
+    var = node("var", "Mean", ["sqd", "axes"])
+    var.attr["keep_dims"].b = True
+    return graph(
+        x, axes, mean,
+        node("sqd", "SquaredDifference", ["x", "mean"]), var,
+        const("eps", np.float32(1e-3)),
+        node("add_eps", "AddV2", ["var", "eps"]),
+        node("rsqrt", "Rsqrt", ["add_eps"]),
+        const("gamma", np.linspace(0.5, 1.5, 64).astype(np.float32)),
+        node("scale", "Mul", ["rsqrt", "gamma"]),
+        node("xs", "Mul", ["x", "scale"]),
+        node("ms", "Mul", ["mean", "scale"]),
+        const("beta", np.linspace(-1, 1, 64).astype(np.float32)),
+        node("shift", "Sub", ["beta", "ms"]),
+        node("y", "AddV2", ["xs", "shift"]),
+    )
+
+
+def test_layer_norm_is_one_reduce_kernel():
+    g = layer_norm_graph()
+    result = expanded_matches(g, ["y"], {"x": _uniform(3, (8, 16, 64))}, rtol=1e-5,
+                              flags=REDUCE_ON)
+    assert programs(result) == {
+        "autofuse_reduce_0_Mean_SquaredDifference_Mean_AddV2_Rsqrt_Mul_Mul_Mul_Sub_AddV2": (
+            "in0: f32[8,16,64]\nin1: f32[64]\nin2: f32[64]\n"
+            "%0 = Mean in0 axes=[2]\n%1 = SquaredDifference in0, %0\n%2 = Mean %1 axes=[2]\n"
+            "%3 = Add %2, 0.0010000000474974513\n%4 = Rsqrt %3\n%5 = Mul %4, in1\n"
+            "%6 = Mul in0, %5\n%7 = Mul %0, %5\n%8 = Sub in2, %7\n%9 = Add %6, %8\nout0 = %9\n")}
+    (fused,) = fused_nodes(result.graph_def)
+    assert list(fused.input) == ["x", "gamma", "beta"]
+
+
+def test_layer_norm_without_the_reduce_pass_fuses_only_pointwise_parts():
+    result = rewriter.rewrite(layer_norm_graph(), preserve=["y"])
+    assert all(f.kind == "pointwise" for f in result.fusions)
+    reasons = dict(result.refusals)
+    assert reasons["mean"] == "the reduce pass is off (--autofuse_enable_pass=reduce turns it on)"
+    assert reasons["var"] == reasons["mean"]
+
+
+def test_mean_then_rsqrt():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 32], name="x")
+        tf.math.rsqrt(tf.reduce_mean(x * x, axis=1), name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(4, (4, 32))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Mul_Mean_Rsqrt": (
+        "in0: f32[4,32]\n%0 = Mul in0, in0\n%1 = Mean %0 axes=[1]\n%2 = Rsqrt %1\n"
+        "out0 = %2 -> [4]\n")}
+
+
+def softmax():
+    x = tf1.placeholder(tf.float32, [8, 10], name="x")
+    m = tf.reduce_max(x, axis=1, keepdims=True)
+    e = tf.exp(x - m)
+    tf.identity(e / tf.reduce_sum(e, axis=-1, keepdims=True), name="y")
+
+
+def test_softmax_is_one_reduce_kernel():
+    result = expanded_matches(tf_graph(softmax), ["y"], {"x": _uniform(5, (8, 10))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Max_Sub_Exp_Sum_RealDiv": (
+        "in0: f32[8,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
+        "%3 = Sum %2 axes=[1]\n%4 = Div %2, %3\nout0 = %4\n")}
+
+
+def test_squeeze_excite_halves():
+    def squeeze():  # global mean over H, W, then the (1x1 conv) MLP would follow
+        x = tf1.placeholder(tf.float32, [2, 7, 7, 16], name="x")
+        tf.nn.relu(tf.reduce_mean(tf.abs(x), axis=[1, 2], keepdims=True), name="s")
+
+    def excite():  # after the 1x1 conv: sigmoid of the [N,1,1,C] gate times the feature map
+        x = tf1.placeholder(tf.float32, [2, 7, 7, 16], name="x")
+        s = tf1.placeholder(tf.float32, [2, 1, 1, 16], name="gate")
+        tf.identity(x * tf.sigmoid(s), name="y")
+
+    result = expanded_matches(tf_graph(squeeze), ["s"], {"x": _uniform(6, (2, 7, 7, 16))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Abs_Mean_Relu": (
+        "in0: f32[2,7,7,16]\n%0 = Abs in0\n%1 = Mean %0 axes=[1,2]\n%2 = Relu %1\nout0 = %2\n")}
+    result = expanded_matches(tf_graph(excite), ["y"], {"x": _uniform(7, (2, 7, 7, 16)),
+                                                        "gate": _uniform(8, (2, 1, 1, 16))})
+    assert programs(result) == {"autofuse_pointwise_0_Sigmoid_Mul": (
+        "in0: f32[2,1,1,16]\nin1: f32[2,7,7,16]\n%0 = Sigmoid in0\n%1 = Mul in1, %0\n"
+        "out0 = %1\n")}
+
+
+def test_residual_add_relu():
+    g = graph(placeholder("x", F32, (4, 8, 8, 16)), placeholder("skip", F32, (4, 8, 8, 16)),
+              node("add", "AddV2", ["x", "skip"]), node("relu", "Relu", ["add"]))
+    result = expanded_matches(g, ["relu"], {"x": _uniform(9, (4, 8, 8, 16)),
+                                            "skip": _uniform(10, (4, 8, 8, 16))})
+    assert programs(result) == {"autofuse_pointwise_0_AddV2_Relu": (
+        "in0: f32[4,8,8,16]\nin1: f32[4,8,8,16]\n%0 = Add in0, in1\n%1 = Relu %0\nout0 = %1\n")}
+
+
+def bias_add(data_format):
+    n = node("bias_add", "BiasAdd", ["x", "b"])
+    n.attr["data_format"].s = data_format.encode()
+    return n
+
+
+def test_bias_add_relu6_nchw_views_the_bias():
+    g = graph(placeholder("x", F32, (2, 16, 5, 5)), placeholder("b", F32, (16,)),
+              bias_add("NCHW"), node("r6", "Relu6", ["bias_add"]))
+    result = expanded_matches(g, ["r6"], {"x": _uniform(11, (2, 16, 5, 5)),
+                                          "b": _uniform(12, (16,))})
+    assert programs(result) == {"autofuse_pointwise_0_BiasAdd_Relu6": (
+        "in0: f32[2,16,5,5]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\n%1 = Relu6 %0\n"
+        "out0 = %1\n")}
+    g = graph(placeholder("x", F32, (2, 5, 5, 16)), placeholder("b", F32, (16,)),
+              bias_add("NHWC"), node("r6", "Relu6", ["bias_add"]))
+    assert programs(rewriter.rewrite(g, preserve=["r6"])) == {
+        "autofuse_pointwise_0_BiasAdd_Relu6":
+        "in0: f32[2,5,5,16]\nin1: f32[16]\n%0 = Add in0, in1\n%1 = Relu6 %0\nout0 = %1\n"}
+
+
+def test_select_with_a_comparison():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 6], name="x")
+        y = tf1.placeholder(tf.float32, [4, 6], name="w")
+        tf.identity(tf.where(x > y, tf.abs(x), y * 2.0), name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(13, (4, 6)),
+                                                       "w": _uniform(14, (4, 6))})
+    assert programs(result) == {"autofuse_pointwise_0_Greater_Abs_Mul_SelectV2": (
+        "in0: f32[4,6]\nin1: f32[4,6]\n%0 = Greater in0, in1\n%1 = Abs in0\n%2 = Mul in1, 2.0\n"
+        "%3 = Select %0, %1, %2\nout0 = %3\n")}
+
+
+def test_bool_values_and_outputs():
+    g = graph(placeholder("x", F32, (4, 6)), node("nan", "IsNan", ["x"]),
+              node("fin", "IsFinite", ["x"]), node("not", "LogicalNot", ["nan"], None),
+              node("and", "LogicalAnd", ["not", "fin"], None))
+    result = expanded_matches(g, ["and"], {"x": np.array([[np.nan, np.inf, 1, 2, 3, -np.inf]] * 4,
+                                                         np.float32)})
+    (fused,) = fused_nodes(result.graph_def)
+    assert list(fused.attr["Tout"].list.type) == [types_pb2.DT_BOOL]
+    assert program_of(fused) == ("in0: f32[4,6]\n%0 = IsNan in0\n%1 = IsFinite in0\n"
+                                 "%2 = LogicalNot %0\n%3 = LogicalAnd %2, %1\nout0 = %3\n")
+
+
+def test_column_broadcast():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 6], name="x")
+        c = tf1.placeholder(tf.float32, [4, 1], name="c")
+        tf.identity(tf.exp(x - c) * 3.0, name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(15, (4, 6)),
+                                                       "c": _uniform(16, (4, 1))})
+    assert programs(result) == {"autofuse_pointwise_0_Sub_Exp_Mul": (
+        "in0: f32[4,6]\nin1: f32[4,1]\n%0 = Sub in0, in1\n%1 = Exp %0\n%2 = Mul %1, 3.0\n"
+        "out0 = %2\n")}
+
+
+def test_reduction_over_axes_1_2_with_and_without_keep_dims():
+    def build():
+        x = tf1.placeholder(tf.float32, [2, 3, 4, 5], name="x")
+        tf.identity(tf.reduce_sum(tf.abs(x), axis=[1, 2], keepdims=True), name="y")
+        tf.identity(tf.reduce_sum(tf.abs(x), axis=[2, -3], keepdims=False), name="z")
+    result = expanded_matches(tf_graph(build), ["y", "z"], {"x": _uniform(17, (2, 3, 4, 5))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {
+        "autofuse_reduce_0_Abs_Sum": "in0: f32[2,3,4,5]\n%0 = Abs in0\n%1 = Sum %0 axes=[1,2]\n"
+                                     "out0 = %1\n",
+        "autofuse_reduce_1_Abs_Sum": "in0: f32[2,3,4,5]\n%0 = Abs in0\n%1 = Sum %0 axes=[1,2]\n"
+                                     "out0 = %1 -> [2,5]\n"}
+
+
+def test_reduced_and_full_outputs_together():
+    def build():
+        x = tf1.placeholder(tf.float32, [6, 5], name="x")
+        m = tf.reduce_mean(x, axis=0, name="m")  # keep_dims=false over the leading axis: [5]
+        tf.identity(x - m, name="centered")  # broadcasts like the keep_dims form [1,5]
+    result = expanded_matches(tf_graph(build), ["m", "centered"], {"x": _uniform(18, (6, 5))},
+                              flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Mean_Sub": (
+        "in0: f32[6,5]\n%0 = Mean in0 axes=[0]\n%1 = Sub in0, %0\nout0 = %0 -> [5]\nout1 = %1\n")}
+
+
+def test_input_views_reshape_expand_dims_squeeze():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 16, 8, 8], name="x")
+        b = tf1.placeholder(tf.float32, [16], name="b")
+        s = tf1.placeholder(tf.float32, [4, 1, 1, 8, 1], name="s")
+        c = tf1.placeholder(tf.float32, [4, 16], name="c")
+        h = tf.nn.relu(x + tf.reshape(b, [16, 1, 1]))
+        h = h * tf.squeeze(s, axis=[4])
+        tf.identity(h - tf.expand_dims(tf.expand_dims(c, -1), -1), name="y")
+    values = {"x": _uniform(19, (4, 16, 8, 8)), "b": _uniform(20, (16,)),
+              "s": _uniform(21, (4, 1, 1, 8, 1)), "c": _uniform(22, (4, 16))}
+    result = expanded_matches(tf_graph(build), ["y"], values)
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == "autofuse_pointwise_0_AddV2_Relu_Mul_Sub"
+    assert list(fused.input) == ["x", "b", "s", "ExpandDims"]  # one ExpandDims is absorbed
+    assert program_of(fused) == (
+        "in0: f32[4,16,8,8]\nin1: f32[16] -> [16,1,1]\nin2: f32[4,1,1,8,1] -> [4,1,1,8]\n"
+        "in3: f32[4,16,1] -> [4,16,1,1]\n%0 = Add in0, in1\n%1 = Relu %0\n%2 = Mul %1, in2\n"
+        "%3 = Sub %2, in3\nout0 = %3\n")
+    kept = {n.op for n in result.graph_def.node}
+    assert "Reshape" not in kept and "Squeeze" not in kept
+
+
+def test_add_n_clip_leaky_relu_and_cast_lower_to_the_ir():
+    def build():
+        x = tf1.placeholder(tf.float32, [3, 4], name="x")
+        y = tf1.placeholder(tf.float32, [3, 4], name="w")
+        s = tf.add_n([x, y, tf.abs(x)])
+        s = tf.raw_ops.ClipByValue(t=s, clip_value_min=-1.0, clip_value_max=2.0)
+        s = tf.nn.leaky_relu(s, alpha=0.25)
+        tf.cast(tf.cast(s, tf.float16) * tf.constant(2.0, tf.float16), tf.float32, name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(23, (3, 4)),
+                                                       "w": _uniform(24, (3, 4))}, rtol=1e-3)
+    assert programs(result) == {
+        "autofuse_pointwise_0_Abs_AddN_ClipByValue_LeakyRelu_Cast_Mul_Cast": (
+            "in0: f32[3,4]\nin1: f32[3,4]\n%0 = Abs in0\n%1 = Add in0, in1\n%2 = Add %1, %0\n"
+            "%3 = Maximum %2, -1.0\n%4 = Minimum %3, 2.0\n%5 = LeakyRelu %4 alpha=0.25\n"
+            "%6 = Cast %5 to=f16\n%7 = Mul %6, 2.0\n%8 = Cast %7 to=f32\nout0 = %8\n")}
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+
+def test_non_consecutive_axes_are_refused():
+    def build():
+        x = tf1.placeholder(tf.float32, [2, 3, 4], name="x")
+        tf.identity(tf.reduce_sum(tf.abs(x), axis=[0, 2]), name="y")
+    result = rewriter.rewrite(tf_graph(build), preserve=["y"], flags=REDUCE_ON)
+    assert ("Sum", "axes [0, 2] are not consecutive") in result.refusals
+    assert not result.fusions
+
+
+def test_reduce_pass_off_by_default_and_disable_pass():
+    g = tf_graph(softmax)
+    result = rewriter.rewrite(g, preserve=["y"])
+    assert ("Max", "the reduce pass is off (--autofuse_enable_pass=reduce turns it on)") \
+        in result.refusals
+    assert [f.name for f in result.fusions] == ["autofuse_pointwise_0_Sub_Exp"]
+    off = types.SimpleNamespace(autofuse_enable_pass=("reduce",), autofuse_disable_pass=("reduce",))
+    assert all(f.kind == "pointwise" for f in rewriter.rewrite(g, ["y"], flags=off).fusions)
+    nothing = types.SimpleNamespace(autofuse_disable_pass=("pointwise",))
+    assert rewriter.rewrite(g, ["y"], flags=nothing).fusions == []
+
+
+def test_too_many_inputs():
+    nodes = [placeholder(f"p{i}", F32, (4, 3)) for i in range(4)]
+    nodes += [node("a0", "AddV2", ["p0", "p1"]), node("a1", "AddV2", ["a0", "p2"]),
+              node("a2", "AddV2", ["a1", "p3"])]
+    g = graph(*nodes)
+    three = types.SimpleNamespace(max_input_nums_after_fuse=3)
+    result = rewriter.rewrite(g, preserve=["a2"], flags=three)
+    assert [f.nodes for f in result.fusions] == [("a0", "a1")]
+    assert ("a2", "too many inputs (4 > max_input_nums_after_fuse=3)") in result.refusals
+    assert len(rewriter.rewrite(g, preserve=["a2"]).fusions[0].nodes) == 3
+
+
+def test_unknown_shapes_are_refused_conservatively():
+    g = graph(placeholder("x", F32, (-1, 8)), placeholder("y", F32, (-1, 8)),
+              node("a", "Abs", ["x"]), node("add", "AddV2", ["a", "y"]), node("e", "Exp", ["add"]))
+    result = rewriter.rewrite(g, preserve=["e"])
+    assert ("add", "shapes [?,8] and [?,8] not known to broadcast") in result.refusals
+    # one tensor with an unknown size broadcasts against a known [8]
+    g = graph(placeholder("x", F32, (-1, 8)), placeholder("b", F32, (8,)),
+              node("add", "AddV2", ["x", "b"]), node("e", "Exp", ["add"]))
+    assert programs(rewriter.rewrite(g, preserve=["e"])) == {
+        "autofuse_pointwise_0_AddV2_Exp": "in0: f32[?,8]\nin1: f32[8]\n%0 = Add in0, in1\n"
+                                          "%1 = Exp %0\nout0 = %1\n"}
+
+
+def test_keep_dims_false_reduction_feeding_a_full_op_is_refused():
+    def build():
+        x = tf1.placeholder(tf.float32, [5, 5], name="x")
+        tf.identity(x - tf.reduce_max(x, axis=1), name="y")  # TF broadcasts [5] along rows
+    result = rewriter.rewrite(tf_graph(build), preserve=["y"], flags=REDUCE_ON)
+    assert not result.fusions
+    assert ("sub", "cannot join Max's group: sub: Max (a keep_dims=false reduction) broadcasts "
+                   "in TF unlike its keep_dims form") in result.refusals
+
+
+def test_an_output_of_another_shape_is_refused():
+    g = graph(placeholder("x", F32, (4, 3)), placeholder("b", F32, (3,)),
+              node("nb", "Neg", ["b"]), node("add", "AddV2", ["x", "nb"]),
+              node("other", "Identity", ["nb"]))
+    result = rewriter.rewrite(g, preserve=["add", "other"])
+    assert not result.fusions
+    assert ("add", "cannot join nb's group: nb would be an output of shape [3], not the iteration "
+                   "shape [4,3]") in result.refusals
+
+
+def test_select_v1_with_a_row_condition_is_refused():
+    g = graph(placeholder("c", types_pb2.DT_BOOL, (4,)), placeholder("x", F32, (4, 3)),
+              node("a", "Abs", ["x"]), node("s", "Select", ["c", "a", "x"]))
+    assert ("s", "Select (v1) whose condition is neither a scalar nor x's shape") \
+        in rewriter.rewrite(g, ["s"]).refusals
+
+
+def test_equal_with_incompatible_shape_error_false_is_refused():
+    eq = node("eq", "Equal", ["a", "x"])
+    eq.attr["incompatible_shape_error"].b = False
+    g = graph(placeholder("x", F32, (4, 3)), node("a", "Abs", ["x"]), eq)
+    assert ("eq", "Equal with incompatible_shape_error=false") in rewriter.rewrite(g, ["eq"]).refusals
+
+
+# --- policy: skip list, disable scope, recomputation -------------------------------------------
+
+
+def test_skip_list_by_name_and_type():
+    skip = types.SimpleNamespace(names=frozenset({"Relu"}), types=frozenset({"Exp"}))
+    g = graph(*chain(["Abs", "Neg", "Relu", "Exp", "Tanh", "Sin"]))
+    result = rewriter.rewrite(g, preserve=["Sin"],
+                              flags=types.SimpleNamespace(skip_node_names_cfg=skip))
+    assert [f.nodes for f in result.fusions] == [("Abs", "Neg"), ("Tanh", "Sin")]
+    reasons = dict(result.refusals)
+    assert reasons["Relu"] == "listed in --skip_node_names_cfg [ByNodeName]"
+    assert reasons["Exp"] == "listed in --skip_node_names_cfg [ByNodeType]"
+
+
+def test_disable_scope_attr_is_never_fused():
+    nodes = chain(["Abs", "Relu", "Exp"])
+    nodes[2].attr["_disable_autofuse_scope"].b = True
+    result = rewriter.rewrite(graph(*nodes), preserve=["Exp"])
+    assert not result.fusions
+    assert ("Relu", "inside tf_autofuse.disable_autofuse()") in result.refusals
+
+
+def test_disable_autofuse_marks_nodes_in_graphs_and_functions():
+    import tf_autofuse
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4], name="x")
+        a = tf.abs(x, name="a")
+        with tf_autofuse.disable_autofuse():
+            b = tf.exp(a, name="b")
+        tf.nn.relu(b, name="c")
+    marked = {n.name for n in g.as_graph_def().node if "_disable_autofuse_scope" in n.attr}
+    assert marked == {"b"}
+
+    @tf.function
+    def f(x):
+        with tf_autofuse.disable_autofuse():
+            y = tf.exp(x, name="inner")
+        return tf.abs(y, name="outer")
+    fn = f.get_concrete_function(tf.TensorSpec([4], tf.float32)).function_def
+    marked = {n.name for n in fn.node_def if "_disable_autofuse_scope" in n.attr}
+    assert marked == {"inner"}
+
+
+def test_recomputation_threshold_duplicates_cheap_producers():
+    g = graph(
+        placeholder("x", F32, (3, 3)),
+        node("a", "Abs", ["x"]),
+        node("b", "Exp", ["a"]),
+        node("m", "MatMul", ["b", "b"], _output_shapes=[(3, 3)]),
+        node("d", "AddV2", ["a", "m"]),
+        node("r", "Relu", ["d"]),
+    )
+    plain = rewriter.rewrite(g, preserve=["r"])
+    assert [(f.nodes, f.program.count("out")) for f in plain.fusions] == [
+        (("a", "b"), 2), (("d", "r"), 1)]
+    again = rewriter.rewrite(g, preserve=["r"], flags=types.SimpleNamespace(recomputation_threshold=1))
+    assert programs(again) == {
+        "autofuse_pointwise_0_Abs_Exp": "in0: f32[3,3]\n%0 = Abs in0\n%1 = Exp %0\nout0 = %1\n",
+        "autofuse_pointwise_1_Abs_AddV2_Relu": "in0: f32[3,3]\nin1: f32[3,3]\n%0 = Abs in0\n"
+                                               "%1 = Add %0, in1\n%2 = Relu %1\nout0 = %2\n"}
+    (second,) = [n for n in fused_nodes(again.graph_def) if "AddV2" in n.name]
+    assert list(second.input) == ["x", "m"]
+
+
+@pytest.mark.parametrize("build", [gelu_tanh, softmax])
+def test_new_patterns_are_idempotent_and_deterministic(build):
+    g = tf_graph(build)
+    once = rewriter.optimize(g, preserve=["y"], flags=REDUCE_ON)
+    twice = rewriter.rewrite(once, preserve=["y"], flags=REDUCE_ON)
+    assert not twice.fusions
+    assert serialized(twice.graph_def) == serialized(once)
+    assert serialized(rewriter.optimize(g, preserve=["y"], flags=REDUCE_ON)) == serialized(once)
+
+
+def test_program_views_parse_and_print():
+    text = ("in0: f32[?,16] -> [?,16,1,1]\nin1: bool[]\n%0 = Sum in0 axes=[1]\n"
+            "%1 = Select in1, %0, 0.5\n%2 = Cast %1 to=bf16\nout0 = %2 -> [?]\n")
+    p = ir.parse(text)
+    assert p.print() == text
+    assert p.inputs[0] == ir.InputDecl("f32", (-1, 16), (-1, 16, 1, 1))
+    assert p.output_views == ((-1,),)
+    assert p.output_dtypes() == ["bf16"]
+    with pytest.raises(ValueError, match="not increasing and consecutive"):
+        ir.parse("in0: f32[2,3,4]\n%0 = Sum in0 axes=[0,2]\nout0 = %0\n")
+    with pytest.raises(ValueError, match="same axes"):
+        ir.parse("in0: f32[2,3,4]\n%0 = Sum in0 axes=[1]\n%1 = Max in0 axes=[2]\nout0 = %1\n")
+    with pytest.raises(ValueError, match="at most one"):
+        ir.parse("in0: f32[?,?]\n%0 = Abs in0\nout0 = %0 -> [?,?]\n")
+    with pytest.raises(ValueError, match="full value"):
+        ir.parse("in0: f32[2,3]\n%0 = Sum in0 axes=[1]\n%1 = Sum %0 axes=[1]\nout0 = %1\n")
+
+
+def test_a_fed_or_control_dependent_scalar_const_is_an_input():
+    g = graph(placeholder("x", F32, (4, 3)), const("c", np.float32(2.0)),
+              node("m", "Mul", ["x", "c"]), node("e", "Exp", ["m"]))
+    assert programs(rewriter.rewrite(g, ["e"]))[
+        "autofuse_pointwise_0_Mul_Exp"].startswith("in0: f32[4,3]\n%0 = Mul in0, 2.0\n")
+    assert "c" not in by_name(rewriter.optimize(g, ["e"]))  # only the program reads it now
+    fed = rewriter.rewrite(g, ["e"], feeds=["c"])
+    assert programs(fed)["autofuse_pointwise_0_Mul_Exp"].startswith(
+        "in0: f32[4,3]\nin1: f32[]\n%0 = Mul in0, in1\n")
+    assert "c" in by_name(fed.graph_def)
+    g.node[1].input.append("^x")
+    assert "in1: f32[]" in programs(rewriter.rewrite(g, ["e"]))["autofuse_pointwise_0_Mul_Exp"]
+
+
+def test_debug_dump_lists_refusals_with_reasons(tmp_path):
+    from tf_autofuse import debug
+
+    g = tf_graph(softmax)
+    result = rewriter.rewrite(g, preserve=["y"])
+    debug.dump(str(tmp_path), g, result)
+    (refusals,) = tmp_path.glob("graph_*_refusals.txt")
+    text = refusals.read_text()
+    assert "Max: the reduce pass is off (--autofuse_enable_pass=reduce turns it on)\n" in text
+    (fusions,) = tmp_path.glob("graph_*_fusions.txt")
+    assert "autofuse_pointwise_0_Sub_Exp  (pointwise)" in fusions.read_text()
+
+
+def test_program_reduced_inputs_align_right():
+    # in1 [5] reads as [1,1,5]: 1 along axis 1, so %1 is reduced and may not be reduced again
+    text = ("in0: f32[2,3,5]\nin1: f32[5]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\n"
+            "%2 = Sum %1 axes=[1]\nout0 = %2\n")
+    with pytest.raises(ValueError, match="full value"):
+        ir.parse(text)
+    ok = text.replace("in1: f32[5]", "in1: f32[3,5]")
+    assert ir.parse(ok).print() == ok
+
+
+def test_symbolic_sizes_the_graph_knows_are_resolved_everywhere():
+    # Grappler: x is [s2,s3,s4,s5] and the conv [s2,s3,s4,8]; the placeholder knows s3=s4=8
+    g = graph(placeholder("x", F32, (-1, 8, 8, 8)), node("c", "Conv2D", ["x", "x"]),
+              node("a", "Abs", ["c"]), node("add", "AddV2", ["a", "x"]))
+    view = graph_mod.GraphView(g, shapes={"x": [(-2, -3, -4, -5)], "c": [(-2, -3, -4, 8)]})
+    assert view.output_shape("x") == (-2, 8, 8, 8)
+    assert view.output_shape("c") == (-2, 8, 8, 8)
+    assert view.output_shape("add") == (-2, 8, 8, 8)
+
+
+def test_disable_scope_attr_reaches_the_pass_in_a_session(monkeypatch):
+    import tf_autofuse
+
+    seen = []
+    real = rewriter.rewrite
+
+    def spy(graph_def, **kwargs):
+        seen.append(graph_def)
+        return real(graph_def, **kwargs)
+    monkeypatch.setattr(rewriter, "rewrite", spy)
+
+    # (Grappler's arithmetic optimizer replaces x + x, x * x or chains of unary ops by new
+    # nodes that do not carry the attr: these use two different tensors.)
+    @tf.function
+    def inner(x, w):
+        with tf_autofuse.disable_autofuse():
+            return tf.multiply(x, w, name="fn_scoped")
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [8], name="x")
+        w = tf1.placeholder(tf.float32, [8], name="w")
+        with tf_autofuse.disable_autofuse():
+            a = tf.add(x, w, name="scoped")
+        y = tf.nn.relu(tf.abs(inner(a, w) + x), name="y")
+        cfg = tf1.ConfigProto()
+        cfg.graph_options.rewrite_options.use_plugin_optimizers = \
+            rewriter_config_pb2.RewriterConfig.OFF
+        cfg.graph_options.rewrite_options.custom_optimizers.add().name = "AutofuseOptimizer"
+        with tf1.Session(graph=g, config=cfg) as sess:
+            xs = np.arange(8, dtype=np.float32)
+            value = sess.run(y, {x: xs, w: xs - 3})
+    np.testing.assert_allclose(value, np.abs((2 * xs - 3) * (xs - 3) + xs), rtol=1e-6)
+    assert seen
+    marked = {n.name.split("/")[-1] for gd in seen for n in gd.node
+              if "_disable_autofuse_scope" in n.attr}
+    marked |= {n.name.split("/")[-1] for gd in seen for f in gd.library.function
+               for n in f.node_def if "_disable_autofuse_scope" in n.attr}
+    assert {"scoped", "fn_scoped"} <= marked, marked
+
+
+def test_layer_norm_with_sub_and_square():
+    def build():
+        x = tf1.placeholder(tf.float32, [4, 8, 32], name="x")
+        mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+        centered = x - mean
+        variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+        gamma = tf.constant(np.linspace(0.5, 1.5, 32).astype(np.float32), name="gamma")
+        beta = tf.constant(np.linspace(-1, 1, 32).astype(np.float32), name="beta")
+        tf.identity(centered * tf.math.rsqrt(variance + 1e-5) * gamma + beta, name="y")
+    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(30, (4, 8, 32))},
+                              rtol=1e-5, flags=REDUCE_ON)
+    assert programs(result) == {"autofuse_reduce_0_Mean_Sub_Square_Mean_AddV2_Rsqrt_Mul_Mul_AddV2": (
+        "in0: f32[4,8,32]\nin1: f32[32]\nin2: f32[32]\n%0 = Mean in0 axes=[2]\n%1 = Sub in0, %0\n"
+        "%2 = Square %1\n%3 = Mean %2 axes=[2]\n%4 = Add %3, 9.999999747378752e-06\n"
+        "%5 = Rsqrt %4\n%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8\n")}

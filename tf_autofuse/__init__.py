@@ -13,12 +13,13 @@ from . import _bridge, _native, compat, flags
 from ._build import BuildError
 from ._warn import AutofuseWarning, warn_once
 from .flags import FlagError, Flags
+from .rewriter.scope import disable_autofuse
 
 __version__ = "0.1.0"
 OPTIMIZER_NAME = "AutofuseOptimizer"
 
 __all__ = ["AutofuseWarning", "BuildError", "FlagError", "Flags", "OPTIMIZER_NAME", "compat",
-           "config", "is_available", "ops"]
+           "config", "disable_autofuse", "is_available", "ops"]
 
 
 def _initialise() -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 FLAGS_ENV = "AUTOFUSE_FLAGS"
 DFX_FLAGS_ENV = "AUTOFUSE_DFX_FLAGS"
@@ -43,6 +43,66 @@ def _parse_path(text: str) -> str:
     return text.strip()
 
 
+PASSES = ("pointwise", "reduce")
+
+
+def _parse_passes(text: str) -> tuple:
+    names = [part.strip() for part in text.split(",")]
+    if not names or any(name not in PASSES for name in names) or len(set(names)) != len(names):
+        raise ValueError
+    return tuple(names)
+
+
+def _parse_positive(text: str) -> int:
+    value = _parse_count(text)
+    if value < 1:
+        raise ValueError
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipList:
+    """--skip_node_names_cfg: nodes never fused, by name and by op type."""
+
+    path: str
+    names: frozenset = frozenset()
+    types: frozenset = frozenset()
+
+
+SKIP_SECTIONS = {"ByNodeName": "names", "ByNodeType": "types"}
+
+
+def read_skip_list(path: str, source: str = DFX_FLAGS_ENV) -> SkipList:
+    """Read the ini file of --skip_node_names_cfg: `[ByNodeName]` and `[ByNodeType]` sections,
+    one entry a line; blank lines and lines starting with '#' or ';' are ignored."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise FlagError(f"{source}: --skip_node_names_cfg={path}: cannot read the file "
+                        f"({err.__class__.__name__}: {err})") from None
+    entries = {"names": set(), "types": set()}
+    section = None
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            name = line[1:-1].strip()
+            if name not in SKIP_SECTIONS:
+                raise FlagError(
+                    f"{source}: --skip_node_names_cfg={path}: line {number}: unknown section "
+                    f"[{name}]; accepted sections: [ByNodeName], [ByNodeType]")
+            section = SKIP_SECTIONS[name]
+            continue
+        if section is None:
+            raise FlagError(
+                f"{source}: --skip_node_names_cfg={path}: line {number}: {line!r} comes before "
+                "any section ([ByNodeName] or [ByNodeType])")
+        entries[section].add(line)
+    return SkipList(path, frozenset(entries["names"]), frozenset(entries["types"]))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Spec:
     env: str
@@ -65,6 +125,23 @@ _SPECS: dict[str, _Spec] = {
     "debug_dir": _Spec(
         DFX_FLAGS_ENV, _parse_path, "a directory path", "autofuse_debug",
         "where --codegen_compile_debug writes its files"),
+    "autofuse_enable_pass": _Spec(
+        FLAGS_ENV, _parse_passes, "a comma-separated list of pointwise, reduce", (),
+        "fusion passes to turn on (reduce is off by default)"),
+    "autofuse_disable_pass": _Spec(
+        FLAGS_ENV, _parse_passes, "a comma-separated list of pointwise, reduce", (),
+        "fusion passes to turn off (disabling pointwise turns all fusion off)"),
+    "recomputation_threshold": _Spec(
+        FLAGS_ENV, _parse_count, "an integer >= 0", 0,
+        "most compute ops a fused kernel recomputes instead of reading another kernel's "
+        "extra output; 0 never recomputes"),
+    "max_input_nums_after_fuse": _Spec(
+        FLAGS_ENV, _parse_positive, "an integer >= 1", 8,
+        "most distinct inputs of one fused kernel"),
+    "skip_node_names_cfg": _Spec(
+        DFX_FLAGS_ENV, _parse_path, "the path of an ini file with [ByNodeName] and "
+        "[ByNodeType] sections", None,
+        "nodes never fused, by name and by op type"),
 }
 
 
@@ -74,14 +151,41 @@ class Flags:
     max_fusion_size: int = 64
     codegen_compile_debug: bool = False
     debug_dir: str = "autofuse_debug"
+    autofuse_enable_pass: tuple = ()
+    autofuse_disable_pass: tuple = ()
+    recomputation_threshold: int = 0
+    max_input_nums_after_fuse: int = 8
+    skip_node_names_cfg: Optional[SkipList] = None
 
     def with_overrides(self, overrides: Mapping[str, str], source: str) -> "Flags":
         """Flags with `overrides` (key -> text value, as a ConfigProto parameter_map gives them)."""
         values = {}
         for key, text in overrides.items():
             spec = _spec_for(key, source)
-            values[key] = _parse_value(key, text, spec, source)
+            values[key] = _finish(key, _parse_value(key, text, spec, source), source)
+        _check_passes(values.get("autofuse_enable_pass", self.autofuse_enable_pass),
+                      values.get("autofuse_disable_pass", self.autofuse_disable_pass), source)
         return dataclasses.replace(self, **values)
+
+    def pass_enabled(self, name: str) -> bool:
+        """pointwise: unless disabled; reduce: when enabled and not disabled."""
+        if name in self.autofuse_disable_pass:
+            return False
+        return name == "pointwise" or name in self.autofuse_enable_pass
+
+
+def _finish(key: str, value, source: str):
+    """Values that need more than parsing: the skip list is read from its file."""
+    if key == "skip_node_names_cfg":
+        return read_skip_list(value, source)
+    return value
+
+
+def _check_passes(enable, disable, source: str) -> None:
+    both = sorted(set(enable) & set(disable))
+    if both:
+        raise FlagError(f"{source}: --autofuse_enable_pass and --autofuse_disable_pass both "
+                        f"name {', '.join(both)}; name a pass in one of them")
 
 
 def describe() -> str:
@@ -127,7 +231,7 @@ def parse_items(text: str, env: str) -> dict[str, object]:
             raise FlagError(f"{env}: --{key} belongs in {spec.env}, not {env}")
         if key in values:
             raise FlagError(f"{env}: --{key} is given more than once")
-        values[key] = _parse_value(key, value, spec, env)
+        values[key] = _finish(key, _parse_value(key, value, spec, env), env)
     return values
 
 
@@ -137,4 +241,6 @@ def from_env(environ: Mapping[str, str] | None = None) -> Flags:
     values: dict[str, object] = {}
     for env in (FLAGS_ENV, DFX_FLAGS_ENV):
         values.update(parse_items(environ.get(env, ""), env))
+    _check_passes(values.get("autofuse_enable_pass", ()), values.get("autofuse_disable_pass", ()),
+                  FLAGS_ENV)
     return Flags(**values)

@@ -1,7 +1,7 @@
 // The tiled CPU interpreter of a fused program.
 //
-// Plan (built once, when the kernel is constructed)
-//   * The flat element range of the (equal-shaped) inputs is cut into tiles of `tile_size_`
+// Plan (built once per broadcast pattern, i.e. per set of inputs that are stretched at run time)
+//   * The flat element range of the iteration shape is cut into tiles of `tile_size`
 //     elements. Every instruction runs over a whole tile as one vectorised loop (Eigen array
 //     expressions, the same functors TensorFlow's CPU kernels use) before the next instruction
 //     starts, so a tile's intermediate values never leave L1.
@@ -10,16 +10,19 @@
 //     by the next value (the instruction that reads a value for the last time may write its
 //     result into the same slot: elementwise, so in place is safe). A chain of any length needs
 //     one slot; a diamond two. Values no output depends on are not computed.
-//   * f32, f64 and i32 inputs are read straight from the input tensor. f16 and bf16 inputs are
-//     widened into an fp32 slot once, at their first use; f16/bf16 outputs are rounded to
-//     nearest even from their fp32 slot right after the value is computed.
-//   * Three schedules of the same program, differing only in how they reach the tensors:
-//       direct     full tiles: an f32/f64/i32 value that is an output is written straight into
-//                  the output tensor;
+//   * f32, f64, i32 and bool inputs of the iteration's size are read straight from the input
+//     tensor. f16 and bf16 inputs are widened into an fp32 slot once, at their first use;
+//     f16/bf16 outputs are rounded to nearest even from their fp32 slot right after the value is
+//     computed. A broadcast (stretched) input is loaded into a slot at its first use by walking
+//     the rows of the innermost dimension of its BroadcastPlan: a contiguous run is copied, a
+//     stretched one splats one value; no per-element index arithmetic.
+//   * Three schedules of the same pass, differing only in how they reach the tensors:
+//       direct     full tiles: an f32/f64/i32/bool value that is an output is written straight
+//                  into the output tensor;
 //       streaming  full tiles of a large run (>= kStreamBytes of output): outputs go through a
 //                  slot and are stored non-temporally, which saves reading every destination
 //                  cache line first (a third of a memory-bound kernel's traffic);
-//       staged     a ragged last tile (length not a multiple of 16): every input is copied into
+//       staged     a ragged tile (length not a multiple of 16): every input is copied into
 //                  a zero-padded slot and every output stored from a slot, so that every
 //                  instruction still runs on whole SIMD packets and nothing reaches past a
 //                  tensor's end. An element is computed by the same code wherever it sits,
@@ -27,10 +30,39 @@
 //   * The tile size is the largest power of two (1024..4096) whose slots and tensor streams fit
 //     in 24 KiB of the 32 KiB L1d.
 //
-// Output forwarding: an output may take over an input's buffer when, within a tile and in every
-// schedule, every read of that input comes no later than the output's first write
-// (ForwardableInputs). Tiles are disjoint, so tiles on different threads never see each other's
-// writes.
+// Reductions (docs/PROGRAM.md, Reductions)
+//   * The iteration shape is seen as [outer, R, inner] around the reduced axes. A work item is
+//     one outer index and one chunk of at most `tile_size` inner indices (inner == 1: the whole
+//     row). It is computed pass by pass, full values recomputed from the inputs in every pass
+//     (they are in L1/L2 again by then, a row being read pass after pass):
+//       finalize 0   reduced values that depend on no reduction (inputs that are 1 along the
+//                    reduced axes, read through their reduced-space BroadcastPlan);
+//       pass p       (p = 1..levels) the full values the level-p reductions read, tile by tile
+//                    over R, accumulated into per-reduction accumulators; then
+//       finalize p   the level-p reductions' results, the reduced instructions of level p, and
+//                    the stores of reduced outputs;
+//       final pass   the full values the full outputs need, reading reduced values broadcast.
+//     With inner == 1 a tile is a piece of a row and a reduced value is one scalar per item,
+//     accumulated in 16 lanes (lane = r mod 16) combined in lane order at the end; with inner > 1
+//     a tile is the item's inner chunk at one r, and the accumulators are one per inner index,
+//     accumulated over r in order. Either way the order depends only on the shapes: every
+//     reduced element is accumulated by one thread, bit-identically for any thread count.
+//   * Short rows and short inner blocks would leave tiles nearly empty, so two grouped modes put
+//     several of them in one tile (chosen from the shapes alone, so still deterministic):
+//       row groups     inner == 1 and R <= tile/4: an item is tile/R whole rows, each reduced
+//                      in order into its own accumulator;
+//       column groups  1 < inner <= tile/4: a tile is tile/inner consecutive r of one outer
+//                      index, accumulated block after block (the order of one-block tiles).
+//     Their full passes read reduced values expanded into a slot (kExpandReduced: one value
+//     repeated over its row, or the inner vector repeated per block), row by row.
+//   * Accumulators: f16/bf16 sums in fp32, f32 and f64 in f64 (f64 with a compensation term),
+//     i32 wrapping (i32 Mean in int64, as TensorFlow); Max/Min in the compute type, propagating
+//     NaN.
+//
+// Output forwarding: an output may take over an input's buffer when the input is read in place
+// (not broadcast, not read as a reduced value) and, within a tile and in every schedule of the
+// pass that writes outputs, every read of that input comes no later than the output's first
+// write. Items are disjoint, so items on different threads never see each other's writes.
 
 #include "interpreter.h"
 
@@ -39,6 +71,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <set>
 #include <type_traits>
 
@@ -47,6 +80,8 @@
 #define TF_AUTOFUSE_X86_CONVERT 1
 #endif
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "Eigen/Core"
 #include "unsupported/Eigen/SpecialFunctions"
 
@@ -57,8 +92,9 @@ namespace tf_autofuse {
 
 namespace {
 
-// The type values are computed in: 16-bit floats are computed in fp32.
-enum class ComputeType : uint8_t { kF32, kF64, kI32 };
+// The type values are computed in: 16-bit floats are computed in fp32; bool is a byte, 0 or 1.
+// kI64 is only an accumulator type (i32 Mean).
+enum class ComputeType : uint8_t { kF32, kF64, kI32, kBool, kI64 };
 
 ComputeType ComputeTypeOf(DType dtype) {
   switch (dtype) {
@@ -66,12 +102,24 @@ ComputeType ComputeTypeOf(DType dtype) {
       return ComputeType::kF64;
     case DType::kI32:
       return ComputeType::kI32;
+    case DType::kBool:
+      return ComputeType::kBool;
     default:
       return ComputeType::kF32;
   }
 }
 
-int ComputeSize(ComputeType type) { return type == ComputeType::kF64 ? 8 : 4; }
+int ComputeSize(ComputeType type) {
+  switch (type) {
+    case ComputeType::kF64:
+    case ComputeType::kI64:
+      return 8;
+    case ComputeType::kBool:
+      return 1;
+    default:
+      return 4;
+  }
+}
 
 // Values of these dtypes are stored as they are computed, so tensors can be used in place.
 bool IsComputedAsStored(DType dtype) { return dtype != DType::kF16 && dtype != DType::kBF16; }
@@ -79,6 +127,11 @@ bool IsComputedAsStored(DType dtype) { return dtype != DType::kF16 && dtype != D
 // Slots and tiles are padded to this many elements: a whole number of SIMD packets, and a slot
 // is a multiple of 64 bytes.
 constexpr int64_t kPad = 16;
+// Lanes of a scalar accumulator (a reduction over a row): lane = r mod kLanes.
+constexpr int64_t kLanes = 16;
+// Row reductions (inner == 1) of rows up to a quarter tile run in row-group mode: a tile holds
+// whole rows, each reduced sequentially (per-tile overheads would dominate one row per tile).
+constexpr int64_t kRowsPerTileMin = 4;
 
 // L1 space a tile may take, slots and tensor streams together: three quarters of a 32 KiB L1d.
 constexpr int64_t kTileBudgetBytes = 24 * 1024;
@@ -91,18 +144,32 @@ constexpr int64_t kMaxTile = 4096;
 // the output in cache.
 constexpr int64_t kStreamBytes = 16 << 20;
 
+// The accumulator type of a reduction of `dtype` values. An i32 Mean sums in int64, as
+// TensorFlow's does (its Sum wraps, its Mean does not).
+ComputeType AccumulatorType(OpCode op, DType dtype) {
+  if (dtype == DType::kI32) return op == OpCode::kMean ? ComputeType::kI64 : ComputeType::kI32;
+  if (op == OpCode::kMax || op == OpCode::kMin) return ComputeTypeOf(dtype);
+  return dtype == DType::kF16 || dtype == DType::kBF16 ? ComputeType::kF32 : ComputeType::kF64;
+}
+
 }  // namespace
 
 // Where an operand or result lives within the current tile.
 struct Loc {
-  enum class Kind : uint8_t { kSlot, kInput, kOutput, kImmediate };
+  enum class Kind : uint8_t {
+    kSlot, kInput, kOutput, kImmediate,
+    kReduced,      // a reduced value's buffer: one element per inner index of the item, or a
+                   // scalar when inner == 1 (read as an immediate by full instructions then)
+    kAccumulator,  // a reduction's accumulator
+  };
   Kind kind = Kind::kSlot;
-  int index = 0;       // slot (virtual register while planning), input or output number
+  int index = 0;       // slot (virtual register while planning), input, output, buffer number
   int elem_size = 0;   // bytes per element of the input/output tensor
   union {
     float f32;
     double f64;
     int32_t i32;
+    uint8_t b;
   } imm{};             // kImmediate, already in the compute type
 
   bool is(Kind k) const { return kind == k; }
@@ -111,19 +178,27 @@ struct Loc {
 struct Step {
   enum class Kind : uint8_t {
     kLoad,          // input tensor -> slot (widening f16/bf16; zero padding in a ragged tile)
+    kBroadcastLoad, // stretched input -> slot, through the run's BroadcastPlan of the space
     kCompute,       // one instruction over the tile
-    kConvertStore,  // slot -> output tensor (rounding to f16/bf16)
+    kConvertStore,  // slot / reduced buffer -> output tensor (rounding to f16/bf16)
     kCopyStore,     // tensor -> output tensor, same dtype (an output of an input or of a value
                     // that another output already holds)
+    kAccumulate,    // slot or tensor -> accumulator of a reduction
+    kFinalize,      // accumulator -> the reduction's reduced buffer
+    kExpandReduced, // reduced buffer (one value per row) -> slot, each value repeated over its
+                    // row (row-group mode)
   };
   Kind kind = Kind::kCompute;
   OpCode op = OpCode::kAbs;
-  ComputeType ctype = ComputeType::kF32;  // of the slot a load fills / a compute or store reads
-  DType dtype = DType::kF32;              // of the tensor a load reads / a store writes
+  ComputeType ctype = ComputeType::kF32;  // of the slot a load fills / a store reads / a result
+  ComputeType src_ctype = ComputeType::kF32;  // of the operands (Select: of x and y)
+  ComputeType acc_ctype = ComputeType::kF32;  // kAccumulate, kFinalize
+  DType dtype = DType::kF32;              // of the tensor a load reads / a store writes; Cast: to
   bool stream = false;                    // a store with non-temporal writes
   int num_src = 0;
-  Loc src[2];
+  Loc src[3];
   Loc dst;
+  Loc attr;                               // LeakyRelu: alpha in the compute type
 };
 
 struct Schedule {
@@ -131,25 +206,39 @@ struct Schedule {
   int num_slots = 0;
   std::vector<int> last_input_read;    // per input: last step reading its tensor, -1 if none
   std::vector<int> first_output_write; // per output: first step writing its tensor
+  bool empty() const { return steps.empty(); }
+};
+
+// The three variants of one pass over full tiles.
+struct PassSchedules {
+  Schedule direct, streaming, staged;
+};
+
+struct PlanSet {
+  std::vector<bool> broadcast;         // the pattern these schedules are for
+  // Elementwise programs: `final` only. Reductions: accumulate[p - 1] for level p, finalize[p]
+  // for levels 0..levels, and `final` when some output is a full value.
+  std::vector<PassSchedules> accumulate;
+  std::vector<Schedule> finalize;
+  bool has_final = false;
+  PassSchedules final;
+  // The same full passes for the row-group mode (rows of at most kMaxGroupedRow elements).
+  std::vector<PassSchedules> rows_accumulate;
+  PassSchedules rows_final;
+  int num_reduced = 0;                 // reduced-value buffers
+  int num_accumulators = 0;
+  int64_t tile_size = 0;
+  int64_t slot_bytes = 0;              // one slot: tile_size elements of the widest type
+  int64_t scratch_bytes = 0;           // slots, reduced buffers and accumulators
+  int64_t reduced_offset = 0;          // where the reduced buffers start in the scratch
+  int64_t accumulator_offset = 0;      // where the accumulators start
+  int64_t buffer_bytes = 0;            // one reduced buffer; an accumulator takes two (the
+                                       // second holds the compensation of f64 sums/products)
+  int64_t output_bytes = 0;            // per element, full outputs together
+  std::vector<std::vector<int>> forwardable;
 };
 
 namespace {
-
-// Values that reach an output; the others are not computed.
-std::vector<bool> LiveInstructions(const Program& program) {
-  std::vector<bool> live(program.instructions.size(), false);
-  for (const Operand& out : program.outputs) {
-    if (out.kind == Operand::Kind::kValue) live[out.index] = true;
-  }
-  for (int i = static_cast<int>(program.instructions.size()) - 1; i >= 0; --i) {
-    if (!live[i]) continue;
-    const Instruction& inst = program.instructions[i];
-    for (int k = 0; k < inst.num_operands; ++k) {
-      if (inst.operands[k].kind == Operand::Kind::kValue) live[inst.operands[k].index] = true;
-    }
-  }
-  return live;
-}
 
 Loc ImmediateLoc(double value, DType dtype) {
   Loc loc;
@@ -170,40 +259,66 @@ Loc ImmediateLoc(double value, DType dtype) {
     case DType::kI32:
       loc.imm.i32 = static_cast<int32_t>(value);  // validated: integral and in range
       break;
+    case DType::kBool:
+      loc.imm.b = value != 0;
+      break;
   }
   return loc;
 }
 
 // How a schedule reaches the tensors.
 struct Access {
-  bool direct_inputs;   // f32/f64/i32 inputs read in place (else loaded into padded slots)
-  bool direct_outputs;  // f32/f64/i32 outputs written in place (else stored from slots)
+  bool direct_inputs;   // inputs of the iteration's size read in place (else loaded into slots)
+  bool direct_outputs;  // outputs written in place (else stored from slots)
   bool stream_outputs;  // stores bypass the caches (non-temporal)
+};
+
+// Which schedule of a program to build.
+struct Pass {
+  enum class Kind : uint8_t {
+    kFinal,       // full tiles; the full outputs (all outputs of an elementwise program)
+    kAccumulate,  // full tiles; the reductions of `level`
+    kFinalize,    // the reduced space of an item; finishes `level`
+  };
+  Kind kind = Kind::kFinal;
+  int level = 0;
+  // Full passes of the row-group mode (short rows, several per tile): reduced values are one per
+  // row and are expanded into slots (kExpandReduced) before full instructions read them.
+  bool rows = false;
 };
 
 class Planner {
  public:
-  Planner(const Program& program, Access access) : program_(program), access_(access) {}
+  Planner(const Program& program, const std::vector<bool>& broadcast, Access access, Pass pass,
+          const std::vector<int>& reduced_index, const std::vector<int>& accumulator_index)
+      : program_(program),
+        broadcast_(broadcast),
+        access_(access),
+        pass_(pass),
+        reduced_index_(reduced_index),
+        accumulator_index_(accumulator_index) {}
 
   Schedule Build() {
-    const std::vector<bool> live = LiveInstructions(program_);
+    const int n = static_cast<int>(program_.instructions.size());
     input_loc_.assign(program_.inputs.size(), Loc());
     input_loaded_.assign(program_.inputs.size(), false);
-    value_loc_.assign(program_.instructions.size(), Loc());
-    for (size_t i = 0; i < program_.instructions.size(); ++i) {
-      if (live[i]) EmitInstruction(static_cast<int>(i));
+    value_loc_.assign(n, Loc());
+    for (int i = 0; i < n; ++i) {
+      if (program_.instructions[i].reduced) value_loc_[i] = ReducedLoc(i);
     }
-    for (size_t k = 0; k < program_.outputs.size(); ++k) {
-      const Operand& out = program_.outputs[k];
-      if (out.kind != Operand::Kind::kInput) continue;
-      Step store;
-      store.kind = Step::Kind::kCopyStore;
-      store.stream = access_.stream_outputs;
-      store.dtype = program_.inputs[out.index].dtype;
-      store.num_src = 1;
-      store.src[0] = TensorLoc(Loc::Kind::kInput, out.index);
-      store.dst = TensorLoc(Loc::Kind::kOutput, static_cast<int>(k));
-      schedule_.steps.push_back(store);
+    if (pass_.kind == Pass::Kind::kFinalize) {
+      BuildFinalize();
+    } else {
+      const std::vector<bool> needed = NeededFullValues();
+      for (int i = 0; i < n; ++i) {
+        if (needed[i]) EmitInstruction(i);
+        const Instruction& inst = program_.instructions[i];
+        if (pass_.kind == Pass::Kind::kAccumulate && IsReduction(inst.op) &&
+            !inst.of_reduced && inst.level == pass_.level) {
+          EmitAccumulate(i);
+        }
+      }
+      if (pass_.kind == Pass::Kind::kFinal) EmitInputOutputs();
     }
     AssignSlots();
     RecordTensorAccesses();
@@ -211,6 +326,42 @@ class Planner {
   }
 
  private:
+  bool FullSpace() const { return pass_.kind != Pass::Kind::kFinalize; }
+
+  Loc ReducedLoc(int i) const {
+    Loc loc;
+    loc.kind = Loc::Kind::kReduced;
+    loc.index = reduced_index_[i];
+    return loc;
+  }
+
+  // The full values this pass computes: those its roots (full outputs, or the operands of this
+  // level's reductions) depend on through full values.
+  std::vector<bool> NeededFullValues() const {
+    const int n = static_cast<int>(program_.instructions.size());
+    std::vector<bool> needed(n, false);
+    auto mark = [&](const Operand& x) {
+      if (x.kind == Operand::Kind::kValue && !program_.instructions[x.index].reduced) {
+        needed[x.index] = true;
+      }
+    };
+    if (pass_.kind == Pass::Kind::kFinal) {
+      for (const Output& out : program_.outputs) mark(out.operand);
+    } else {
+      for (const Instruction& inst : program_.instructions) {
+        if (IsReduction(inst.op) && !inst.of_reduced && inst.level == pass_.level) {
+          mark(inst.operands[0]);
+        }
+      }
+    }
+    for (int i = n - 1; i >= 0; --i) {
+      if (!needed[i]) continue;
+      const Instruction& inst = program_.instructions[i];
+      for (int k = 0; k < inst.num_operands; ++k) mark(inst.operands[k]);
+    }
+    return needed;
+  }
+
   Loc TensorLoc(Loc::Kind kind, int index) const {
     Loc loc;
     loc.kind = kind;
@@ -233,18 +384,22 @@ class Planner {
       case Operand::Kind::kImmediate:
         return ImmediateLoc(operand.immediate, dtype);
       case Operand::Kind::kValue:
+        if (pass_.rows && FullSpace() && program_.instructions[operand.index].reduced) {
+          return ExpandedLoc(operand.index);
+        }
         return value_loc_[operand.index];
       case Operand::Kind::kInput:
         break;
     }
     const int j = operand.index;
     const DType input_dtype = program_.inputs[j].dtype;
-    if (access_.direct_inputs && IsComputedAsStored(input_dtype)) {
+    const bool stretched = !FullSpace() || broadcast_[j];
+    if (!stretched && access_.direct_inputs && IsComputedAsStored(input_dtype)) {
       return TensorLoc(Loc::Kind::kInput, j);
     }
     if (!input_loaded_[j]) {  // first use: load the tile into a slot
       Step load;
-      load.kind = Step::Kind::kLoad;
+      load.kind = stretched ? Step::Kind::kBroadcastLoad : Step::Kind::kLoad;
       load.dtype = input_dtype;
       load.ctype = ComputeTypeOf(input_dtype);
       load.num_src = 1;
@@ -257,49 +412,146 @@ class Planner {
     return input_loc_[j];
   }
 
-  void EmitInstruction(int i) {
+  // A reduced value repeated over its row, in a slot (row-group mode).
+  Loc ExpandedLoc(int i) {
+    auto it = expanded_.find(i);
+    if (it != expanded_.end()) return it->second;
+    Step step;
+    step.kind = Step::Kind::kExpandReduced;
+    step.ctype = ComputeTypeOf(program_.instructions[i].dtype);
+    step.num_src = 1;
+    step.src[0] = ReducedLoc(i);
+    step.dst = NewRegister();
+    schedule_.steps.push_back(step);
+    expanded_[i] = step.dst;
+    return step.dst;
+  }
+
+  Step ComputeStep(int i) {
     const Instruction& inst = program_.instructions[i];
     Step step;
     step.kind = Step::Kind::kCompute;
     step.op = inst.op;
-    step.dtype = inst.dtype;
+    step.dtype = inst.op == OpCode::kCast ? inst.to : inst.dtype;
     step.ctype = ComputeTypeOf(inst.dtype);
+    step.src_ctype = ComputeTypeOf(inst.operand_dtype);
     step.num_src = inst.num_operands;
     for (int k = 0; k < inst.num_operands; ++k) {
-      step.src[k] = OperandLoc(inst.operands[k], inst.dtype);
+      const DType dtype =
+          inst.op == OpCode::kSelect && k == 0 ? DType::kBool : inst.operand_dtype;
+      step.src[k] = OperandLoc(inst.operands[k], dtype);
     }
+    if (inst.op == OpCode::kLeakyRelu) step.attr = ImmediateLoc(inst.alpha, inst.dtype);
+    return step;
+  }
+
+  bool IsOutputOf(const Output& out, int i) const {
+    return out.operand.kind == Operand::Kind::kValue && out.operand.index == i;
+  }
+
+  void EmitInstruction(int i) {
+    const Instruction& inst = program_.instructions[i];
+    Step step = ComputeStep(i);
     // The first output of this value receives it directly when its tensor holds the compute type.
     int direct_output = -1;
-    for (size_t k = 0; k < program_.outputs.size(); ++k) {
-      const Operand& out = program_.outputs[k];
-      if (out.kind == Operand::Kind::kValue && out.index == i) {
-        if (access_.direct_outputs && IsComputedAsStored(inst.dtype)) {
-          direct_output = static_cast<int>(k);
+    if (pass_.kind == Pass::Kind::kFinal) {
+      for (size_t k = 0; k < program_.outputs.size(); ++k) {
+        if (IsOutputOf(program_.outputs[k], i)) {
+          if (access_.direct_outputs && IsComputedAsStored(inst.dtype)) {
+            direct_output = static_cast<int>(k);
+          }
+          break;
         }
-        break;
       }
     }
     step.dst = direct_output >= 0 ? TensorLoc(Loc::Kind::kOutput, direct_output) : NewRegister();
     value_loc_[i] = step.dst;
     schedule_.steps.push_back(step);
+    if (pass_.kind != Pass::Kind::kFinal) return;
 
     // Every other output of this value: stored right away, so the slot can be released early.
     for (size_t k = 0; k < program_.outputs.size(); ++k) {
-      const Operand& out = program_.outputs[k];
-      if (out.kind != Operand::Kind::kValue || out.index != i ||
-          static_cast<int>(k) == direct_output) {
-        continue;
+      if (!IsOutputOf(program_.outputs[k], i) || static_cast<int>(k) == direct_output) continue;
+      EmitStore(step.dst, inst.dtype, static_cast<int>(k));
+    }
+  }
+
+  void EmitStore(const Loc& src, DType dtype, int k) {
+    Step store;
+    store.kind = src.is(Loc::Kind::kInput) || src.is(Loc::Kind::kOutput)
+                     ? Step::Kind::kCopyStore
+                     : Step::Kind::kConvertStore;
+    store.stream = access_.stream_outputs;
+    store.ctype = ComputeTypeOf(dtype);
+    store.dtype = dtype;
+    store.num_src = 1;
+    store.src[0] = src;
+    store.dst = TensorLoc(Loc::Kind::kOutput, k);
+    schedule_.steps.push_back(store);
+  }
+
+  // outK = inK, for full inputs (reduced ones are stored by finalize 0).
+  void EmitInputOutputs() {
+    for (size_t k = 0; k < program_.outputs.size(); ++k) {
+      const Operand& out = program_.outputs[k].operand;
+      if (out.kind != Operand::Kind::kInput || program_.inputs[out.index].reduced) continue;
+      const DType dtype = program_.inputs[out.index].dtype;
+      if (!broadcast_[out.index]) {
+        EmitStore(TensorLoc(Loc::Kind::kInput, out.index), dtype, static_cast<int>(k));
+      } else {
+        EmitStore(OperandLoc(out, dtype), dtype, static_cast<int>(k));
       }
-      Step store;
-      store.kind = step.dst.is(Loc::Kind::kSlot) ? Step::Kind::kConvertStore
-                                                 : Step::Kind::kCopyStore;
-      store.stream = access_.stream_outputs;
-      store.ctype = step.ctype;
-      store.dtype = inst.dtype;
-      store.num_src = 1;
-      store.src[0] = step.dst;
-      store.dst = TensorLoc(Loc::Kind::kOutput, static_cast<int>(k));
-      schedule_.steps.push_back(store);
+    }
+  }
+
+  void EmitAccumulate(int i) {
+    const Instruction& inst = program_.instructions[i];
+    Step step;
+    step.kind = Step::Kind::kAccumulate;
+    step.op = inst.op;
+    step.dtype = inst.operand_dtype;
+    step.src_ctype = ComputeTypeOf(inst.operand_dtype);
+    step.acc_ctype = AccumulatorType(inst.op, inst.operand_dtype);
+    step.num_src = 1;
+    step.src[0] = OperandLoc(inst.operands[0], inst.operand_dtype);
+    step.dst.kind = Loc::Kind::kAccumulator;
+    step.dst.index = accumulator_index_[i];
+    schedule_.steps.push_back(step);
+  }
+
+  // Finishes the reductions of this level, computes the reduced instructions of this level and
+  // stores the reduced outputs that are ready.
+  void BuildFinalize() {
+    const int n = static_cast<int>(program_.instructions.size());
+    for (int i = 0; i < n; ++i) {
+      const Instruction& inst = program_.instructions[i];
+      if (!inst.reduced || inst.level != pass_.level) continue;
+      Step step;
+      if (IsReduction(inst.op) && !inst.of_reduced) {
+        step.kind = Step::Kind::kFinalize;
+        step.op = inst.op;
+        step.dtype = inst.operand_dtype;
+        step.ctype = ComputeTypeOf(inst.dtype);
+        step.src_ctype = ComputeTypeOf(inst.operand_dtype);
+        step.acc_ctype = AccumulatorType(inst.op, inst.operand_dtype);
+        step.num_src = 1;
+        step.src[0].kind = Loc::Kind::kAccumulator;
+        step.src[0].index = accumulator_index_[i];
+      } else {
+        step = ComputeStep(i);
+      }
+      step.dst = ReducedLoc(i);
+      schedule_.steps.push_back(step);
+    }
+    for (size_t k = 0; k < program_.outputs.size(); ++k) {
+      const Operand& out = program_.outputs[k].operand;
+      if (!program_.IsReduced(out)) continue;
+      const DType dtype = program_.OperandDType(out);
+      if (out.kind == Operand::Kind::kInput) {
+        if (pass_.level == 0) EmitStore(OperandLoc(out, dtype), dtype, static_cast<int>(k));
+      } else if (program_.instructions[out.index].level == pass_.level) {
+        EmitStore(ReducedLoc(out.index), dtype, static_cast<int>(k));
+      }
     }
   }
 
@@ -313,22 +565,31 @@ class Planner {
       }
     }
     std::vector<int> slot_of(num_registers_, -1);
-    std::set<int> free_slots;  // lowest first: deterministic, and keeps few slots hot
+    std::set<int> free_slots;
     for (size_t pos = 0; pos < schedule_.steps.size(); ++pos) {
       Step& step = schedule_.steps[pos];
-      // Operands read for the last time free their slot before the result takes one, so the
-      // result may overwrite an operand in place.
-      int dying[2] = {-1, -1};
+      // Operands read for the last time free their slot before the result takes one, unless
+      // the result is of another width (a widening write in place would overwrite operand
+      // elements not read yet).
+      const bool mixed = step.kind == Step::Kind::kCompute &&
+                         (ComputeSize(step.ctype) != ComputeSize(step.src_ctype) ||
+                          step.op == OpCode::kSelect);
+      std::vector<int> dying;
       for (int k = 0; k < step.num_src; ++k) {
-        Loc& src = step.src[k];
-        if (!src.is(Loc::Kind::kSlot)) continue;
-        const int reg = src.index;
-        src.index = slot_of[reg];
-        if (last_use[reg] == static_cast<int>(pos) && dying[0] != reg) dying[k] = reg;
+        if (!step.src[k].is(Loc::Kind::kSlot)) continue;
+        const int reg = step.src[k].index;
+        step.src[k].index = slot_of[reg];
+        if (last_use[reg] == static_cast<int>(pos)) {
+          bool repeated = false;  // the same register twice in one step: free it once
+          for (int m = 0; m < k; ++m) {
+            if (step.src[m].is(Loc::Kind::kSlot) && step.src[m].index == slot_of[reg]) {
+              repeated = true;
+            }
+          }
+          if (!repeated) dying.push_back(slot_of[reg]);
+        }
       }
-      for (int reg : dying) {
-        if (reg >= 0) free_slots.insert(slot_of[reg]);
-      }
+      if (!mixed) free_slots.insert(dying.begin(), dying.end());
       if (step.dst.is(Loc::Kind::kSlot)) {
         const int reg = step.dst.index;
         int slot;
@@ -342,6 +603,7 @@ class Planner {
         step.dst.index = slot;
         if (last_use[reg] < 0) free_slots.insert(slot);  // never read (not for live values)
       }
+      if (mixed) free_slots.insert(dying.begin(), dying.end());
     }
   }
 
@@ -363,14 +625,20 @@ class Planner {
   }
 
   const Program& program_;
+  const std::vector<bool>& broadcast_;
   const Access access_;
+  const Pass pass_;
+  const std::vector<int>& reduced_index_;
+  const std::vector<int>& accumulator_index_;
   Schedule schedule_;
   int num_registers_ = 0;
   std::vector<Loc> input_loc_;
   std::vector<bool> input_loaded_;
   std::vector<Loc> value_loc_;
+  std::map<int, Loc> expanded_;
 };
 
+// ---------------------------------------------------------------------------------------------
 // ---------------------------------------------------------------------------------------------
 // Conversions between tensors and fp32 slots. A store may be non-temporal ("stream"): the
 // output goes to memory without first reading its cache lines, which saves a third of the
@@ -518,6 +786,93 @@ void StoreTile(DType dtype, const char* src, char* dst, int64_t valid, bool stre
 
 // ---------------------------------------------------------------------------------------------
 // The operators, one function per family. `n` is a whole number of packets (see kPad); every
+// One element of a tensor of `dtype`, in the compute type, repeated n times.
+void Splat(DType dtype, const char* src, char* dst, int64_t n) {
+  switch (dtype) {
+    case DType::kF16:
+      std::fill_n(reinterpret_cast<float*>(dst), n,
+                  static_cast<float>(*reinterpret_cast<const Eigen::half*>(src)));
+      break;
+    case DType::kBF16:
+      std::fill_n(reinterpret_cast<float*>(dst), n,
+                  static_cast<float>(*reinterpret_cast<const Eigen::bfloat16*>(src)));
+      break;
+    case DType::kF32:
+      std::fill_n(reinterpret_cast<float*>(dst), n, *reinterpret_cast<const float*>(src));
+      break;
+    case DType::kF64:
+      std::fill_n(reinterpret_cast<double*>(dst), n, *reinterpret_cast<const double*>(src));
+      break;
+    case DType::kI32:
+      std::fill_n(reinterpret_cast<int32_t*>(dst), n, *reinterpret_cast<const int32_t*>(src));
+      break;
+    case DType::kBool:
+      std::memset(dst, *src, n);
+      break;
+  }
+}
+
+// A contiguous run of n tensor elements -> the compute type.
+void ConvertRun(DType dtype, const char* src, char* dst, int64_t n) {
+  switch (dtype) {
+    case DType::kF16:
+      WidenHalf(reinterpret_cast<const Eigen::half*>(src), reinterpret_cast<float*>(dst), n);
+      break;
+    case DType::kBF16:
+      WidenBfloat16(reinterpret_cast<const Eigen::bfloat16*>(src), reinterpret_cast<float*>(dst),
+                    n);
+      break;
+    default:
+      std::memcpy(dst, src, n * DTypeSize(dtype));
+      break;
+  }
+}
+
+// Elements [offset, offset + valid) of an iteration space, read from a stretched input through
+// its plan, into a slot of the compute type; elements [valid, count) are zeroed. Walks the rows
+// of the innermost collapsed dimension: a read one is a contiguous run (copied), a stretched one
+// a single value (splat); the index arithmetic is per row, never per element.
+void BroadcastLoad(const BroadcastPlan& plan, DType dtype, const char* src, char* dst,
+                   int64_t offset, int64_t valid, int64_t count) {
+  const int rank = static_cast<int>(plan.dims.size());
+  const int esize = DTypeSize(dtype);
+  const int csize = ComputeSize(ComputeTypeOf(dtype));
+  int64_t index[64];  // collapsed ranks alternate read/stretched, so they stay small
+  int64_t rest = offset;
+  int64_t base = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    index[d] = rest % plan.dims[d];
+    rest /= plan.dims[d];
+    base += index[d] * plan.strides[d];
+  }
+  const int64_t row = plan.dims[rank - 1];
+  const int64_t row_stride = plan.strides[rank - 1];
+  int64_t done = 0;
+  while (done < valid) {
+    const int64_t run = std::min(row - index[rank - 1], valid - done);
+    if (row_stride != 0) {
+      ConvertRun(dtype, src + base * esize, dst + done * csize, run);
+    } else {
+      Splat(dtype, src + base * esize, dst + done * csize, run);
+    }
+    done += run;
+    index[rank - 1] += run;
+    base += run * row_stride;
+    if (index[rank - 1] == row) {  // next row: carry into the outer dimensions
+      index[rank - 1] = 0;
+      base -= row * row_stride;
+      for (int d = rank - 2; d >= 0; --d) {
+        base += plan.strides[d];
+        if (++index[d] < plan.dims[d]) break;
+        base -= plan.dims[d] * plan.strides[d];
+        index[d] = 0;
+      }
+    }
+  }
+  std::memset(dst + valid * csize, 0, (count - valid) * csize);
+}
+
+// The operators, one function per family. `n` is a whole number of packets (see kPad); every
 // function is a single elementwise pass, so `out` may be the same buffer as an operand.
 
 template <typename T>
@@ -619,6 +974,12 @@ void RunFloatTranscendental(OpCode op, In<T> x, Out<T> out) {
     case OpCode::kErf: out = Erf(x); break;
     case OpCode::kSin: out = Sin(x); break;
     case OpCode::kCos: out = Cos(x); break;
+    // The C library's functions, in every type: Eigen has no accurate vectorised versions (its
+    // sinh/cosh go through exp and lose everything near 0).
+    case OpCode::kTan: out = x.unaryExpr([](T v) { return std::tan(v); }); break;
+    case OpCode::kAtan: out = x.unaryExpr([](T v) { return std::atan(v); }); break;
+    case OpCode::kSinh: out = x.unaryExpr([](T v) { return std::sinh(v); }); break;
+    case OpCode::kCosh: out = x.unaryExpr([](T v) { return std::cosh(v); }); break;
     default: break;
   }
 }
@@ -726,6 +1087,22 @@ void RunFloatBinary(OpCode op, const Arg<T>& x, const Arg<T>& y, T* out, int64_t
     case OpCode::kSquaredDifference:
       ApplyBinary(x, y, out, n, [](const auto& a, const auto& b) { return (a - b).square(); });
       break;
+    case OpCode::kPow:
+      ApplyBinary(x, y, out, n, [](const auto& a, const auto& b) {
+        return a.binaryExpr(b, [](T u, T v) { return std::pow(u, v); });
+      });
+      break;
+    case OpCode::kFloorDiv:
+      ApplyBinary(x, y, out, n, [](const auto& a, const auto& b) { return (a / b).floor(); });
+      break;
+    case OpCode::kFloorMod:  // TensorFlow's: fmod, moved into the sign of y (exact)
+      ApplyBinary(x, y, out, n, [](const auto& a, const auto& b) {
+        return a.binaryExpr(b, [](T u, T v) {
+          const T r = std::fmod(u, v);
+          return r != T(0) && ((v < T(0)) != (r < T(0))) ? r + v : r;
+        });
+      });
+      break;
     default:
       break;
   }
@@ -740,7 +1117,8 @@ void RunFloat(OpCode op, const Arg<T>& x, const Arg<T>& y, T* out, int64_t n) {
       RunFloatSimple<T>(op, In<T>(x.data, n), Out<T>(out, n));
       break;
     case OpCode::kExp: case OpCode::kExpm1: case OpCode::kLog: case OpCode::kLog1p:
-    case OpCode::kErf: case OpCode::kSin: case OpCode::kCos:
+    case OpCode::kErf: case OpCode::kSin: case OpCode::kCos: case OpCode::kTan:
+    case OpCode::kAtan: case OpCode::kSinh: case OpCode::kCosh:
       RunFloatTranscendental<T>(op, In<T>(x.data, n), Out<T>(out, n));
       break;
     case OpCode::kRelu: case OpCode::kRelu6: case OpCode::kElu: case OpCode::kSelu:
@@ -831,6 +1209,612 @@ void RunIntBinary(OpCode op, const Arg<int32_t>& x, const Arg<int32_t>& y, int32
 }
 
 // ---------------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
+// The operators whose operands and result differ in type, and the generic ones.
+
+template <typename T>
+inline T At(const Arg<T>& a, int64_t i) {
+  return a.data != nullptr ? a.data[i] : a.scalar;
+}
+
+// out = f(x, y) elementwise, either operand possibly a scalar; plain loops GCC vectorises.
+template <typename T, typename R, typename F>
+void MapBinary(const Arg<T>& x, const Arg<T>& y, R* out, int64_t n, F f) {
+  if (x.data != nullptr && y.data != nullptr) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(x.data[i], y.data[i]);
+  } else if (x.data != nullptr) {
+    const T b = y.scalar;
+    for (int64_t i = 0; i < n; ++i) out[i] = f(x.data[i], b);
+  } else if (y.data != nullptr) {
+    const T a = x.scalar;
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a, y.data[i]);
+  } else {
+    std::fill_n(out, n, f(x.scalar, y.scalar));
+  }
+}
+
+// Comparisons -> bool; NaN compares false, except NotEqual.
+template <typename T>
+void RunCompare(OpCode op, const Arg<T>& x, const Arg<T>& y, uint8_t* out, int64_t n) {
+  switch (op) {
+    case OpCode::kGreater:
+      MapBinary(x, y, out, n, [](T a, T b) -> uint8_t { return a > b; });
+      break;
+    case OpCode::kGreaterEqual:
+      MapBinary(x, y, out, n, [](T a, T b) -> uint8_t { return a >= b; });
+      break;
+    case OpCode::kLess:
+      MapBinary(x, y, out, n, [](T a, T b) -> uint8_t { return a < b; });
+      break;
+    case OpCode::kLessEqual:
+      MapBinary(x, y, out, n, [](T a, T b) -> uint8_t { return a <= b; });
+      break;
+    case OpCode::kEqual:
+      MapBinary(x, y, out, n, [](T a, T b) -> uint8_t { return a == b; });
+      break;
+    case OpCode::kNotEqual:
+      MapBinary(x, y, out, n, [](T a, T b) -> uint8_t { return a != b; });
+      break;
+    default:
+      break;
+  }
+}
+
+// IsNan, IsInf, IsFinite -> bool.
+template <typename T>
+void RunClassify(OpCode op, const T* x, uint8_t* out, int64_t n) {
+  const T inf = std::numeric_limits<T>::infinity();
+  switch (op) {
+    case OpCode::kIsNan:
+      for (int64_t i = 0; i < n; ++i) out[i] = x[i] != x[i];
+      break;
+    case OpCode::kIsInf:
+      for (int64_t i = 0; i < n; ++i) out[i] = std::abs(x[i]) == inf;
+      break;
+    case OpCode::kIsFinite:
+      for (int64_t i = 0; i < n; ++i) out[i] = std::abs(x[i]) < inf;
+      break;
+    default:
+      break;
+  }
+}
+
+void RunLogical(OpCode op, const Arg<uint8_t>& x, const Arg<uint8_t>& y, uint8_t* out,
+                int64_t n) {
+  switch (op) {
+    case OpCode::kLogicalNot:
+      for (int64_t i = 0; i < n; ++i) out[i] = x.data[i] ^ 1;
+      break;
+    case OpCode::kLogicalAnd:
+      MapBinary(x, y, out, n, [](uint8_t a, uint8_t b) -> uint8_t { return a & b; });
+      break;
+    case OpCode::kLogicalOr:
+      MapBinary(x, y, out, n, [](uint8_t a, uint8_t b) -> uint8_t { return a | b; });
+      break;
+    default:
+      break;
+  }
+}
+
+template <typename T>
+void RunSelect(const Arg<uint8_t>& c, const Arg<T>& x, const Arg<T>& y, T* out, int64_t n) {
+  if (c.data != nullptr && x.data != nullptr && y.data != nullptr) {
+    for (int64_t i = 0; i < n; ++i) out[i] = c.data[i] ? x.data[i] : y.data[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = At(c, i) ? At(x, i) : At(y, i);
+  }
+}
+
+// x < 0 ? alpha * x : x (NaN and -0 pass through, as in TensorFlow).
+template <typename T>
+void RunLeakyRelu(const T* x, T alpha, T* out, int64_t n) {
+  Out<T>(out, n) = IsNegative(In<T>(x, n)).select(In<T>(x, n) * alpha, In<T>(x, n));
+}
+
+// Cast between float types: a 16-bit target rounds to nearest even there (f64 goes through
+// fp32 first, as Eigen's and so TensorFlow's casts do), and the value stays in fp32.
+void RunCast(ComputeType from, DType to, const char* src, char* dst, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  if (from == ComputeType::kF32) {
+    const float* x = reinterpret_cast<const float*>(src);
+    switch (to) {
+      case DType::kF64: {
+        double* out = reinterpret_cast<double*>(dst);
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i];
+        return;
+      }
+      case DType::kF16: {
+        float* out = reinterpret_cast<float*>(dst);
+        alignas(64) Eigen::half block[kBlock];
+        for (int64_t i = 0; i < n; i += kBlock) {
+          const int64_t len = std::min(kBlock, n - i);
+          NarrowToHalf(x + i, block, len, false);
+          WidenHalf(block, out + i, len);
+        }
+        return;
+      }
+      case DType::kBF16: {
+        float* out = reinterpret_cast<float*>(dst);
+        alignas(64) Eigen::bfloat16 block[kBlock];
+        for (int64_t i = 0; i < n; i += kBlock) {
+          const int64_t len = std::min(kBlock, n - i);
+          NarrowToBfloat16(x + i, block, len, false);
+          WidenBfloat16(block, out + i, len);
+        }
+        return;
+      }
+      default:
+        if (src != dst) std::memmove(dst, src, n * sizeof(float));
+        return;
+    }
+  }
+  const double* x = reinterpret_cast<const double*>(src);
+  float* out = reinterpret_cast<float*>(dst);
+  switch (to) {
+    case DType::kF32:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(x[i]);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = static_cast<float>(Eigen::half(static_cast<float>(x[i])));
+      }
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = static_cast<float>(Eigen::bfloat16(static_cast<float>(x[i])));
+      }
+      return;
+    default:
+      if (src != dst) std::memmove(dst, src, n * sizeof(double));
+      return;
+  }
+}
+
+// ZerosLike / OnesLike: 0 or 1 in the compute type.
+void Fill(ComputeType type, bool one, char* dst, int64_t n) {
+  switch (type) {
+    case ComputeType::kF32:
+      std::fill_n(reinterpret_cast<float*>(dst), n, one ? 1.0f : 0.0f);
+      break;
+    case ComputeType::kF64:
+      std::fill_n(reinterpret_cast<double*>(dst), n, one ? 1.0 : 0.0);
+      break;
+    case ComputeType::kI32:
+      std::fill_n(reinterpret_cast<int32_t*>(dst), n, one ? 1 : 0);
+      break;
+    case ComputeType::kBool:
+      std::memset(dst, one ? 1 : 0, n);
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions: accumulate, then finish. `lanes`: a row reduction into kLanes partial results
+// (lane = position mod kLanes; tiles of a row start at multiples of kLanes); otherwise one
+// accumulator per element of the tile.
+
+template <typename A>
+A Identity(OpCode op) {
+  switch (op) {
+    case OpCode::kProd:
+      return A(1);
+    case OpCode::kMax:
+      return std::numeric_limits<A>::has_infinity ? -std::numeric_limits<A>::infinity()
+                                                  : std::numeric_limits<A>::lowest();
+    case OpCode::kMin:
+      return std::numeric_limits<A>::has_infinity ? std::numeric_limits<A>::infinity()
+                                                  : std::numeric_limits<A>::max();
+    default:
+      return A(0);
+  }
+}
+
+// The combining functions; i32 wraps, Max/Min propagate NaN.
+template <typename A, typename F>
+void WithCombine(OpCode op, F body) {
+  if constexpr (std::is_same_v<A, int64_t>) {  // i32 Mean
+    return body([](A a, A x) { return a + x; });
+  } else if constexpr (std::is_same_v<A, int32_t>) {
+    switch (op) {
+      case OpCode::kProd:
+        return body([](A a, A x) { return Wrap(U(a) * U(x)); });
+      case OpCode::kMax:
+        return body([](A a, A x) { return std::max(a, x); });
+      case OpCode::kMin:
+        return body([](A a, A x) { return std::min(a, x); });
+      default:
+        return body([](A a, A x) { return Wrap(U(a) + U(x)); });
+    }
+  } else {
+    switch (op) {
+      case OpCode::kProd:
+        return body([](A a, A x) { return a * x; });
+      case OpCode::kMax:  // NaN-propagating, like AccumulateExtremum
+        return body([](A a, A x) { return a != a || x != x ? (a != a ? a : x) : std::max(a, x); });
+      case OpCode::kMin:
+        return body([](A a, A x) { return a != a || x != x ? (a != a ? a : x) : std::min(a, x); });
+      default:
+        return body([](A a, A x) { return a + x; });
+    }
+  }
+}
+
+// f64 sums and products carry a compensation term (`comp`, next to the accumulator): Neumaier's
+// for sums, the exact FMA residual for products. Without it an f64 reduction would be no more
+// accurate than TensorFlow's (it has no wider type to accumulate in), and as the order differs,
+// often less.
+inline void CompensatedAdd(double& s, double& c, double x) {
+  const double t = s + x;
+  c += std::abs(s) >= std::abs(x) ? (s - t) + x : (x - t) + s;
+  s = t;
+}
+inline void CompensatedMul(double& p, double& e, double x) {
+  const double q = p * x;
+  e = std::fma(e, x, std::fma(p, x, -q));
+  p = q;
+}
+
+bool Compensated(OpCode op, ComputeType src, ComputeType acc) {
+  return src == ComputeType::kF64 && acc == ComputeType::kF64 &&
+         (op == OpCode::kSum || op == OpCode::kMean || op == OpCode::kProd);
+}
+
+void AccumulateCompensated(OpCode op, const double* x, double* acc, double* comp, int64_t n,
+                           bool lanes) {
+  const bool sum = op != OpCode::kProd;
+  auto update = [sum](double& a, double& c, double v) {
+    if (sum) {
+      CompensatedAdd(a, c, v);
+    } else {
+      CompensatedMul(a, c, v);
+    }
+  };
+  if (lanes) {
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int64_t l = 0; l < kLanes; ++l) update(acc[l], comp[l], x[i + l]);
+    }
+    for (; i < n; ++i) update(acc[i % kLanes], comp[i % kLanes], x[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) update(acc[i], comp[i], x[i]);
+  }
+}
+
+// Float Max/Min through Eigen's NaN-propagating max/min, which vectorise (a plain C++ select
+// with a NaN test compiles to branches).
+template <typename S, typename A>
+void AccumulateExtremum(OpCode op, const S* x, A* acc, int64_t n, bool lanes) {
+  const bool max = op == OpCode::kMax;
+  auto step = [max](auto& a, const auto& v) {
+    if (max) {
+      a = a.template max<Eigen::PropagateNaN>(v);
+    } else {
+      a = a.template min<Eigen::PropagateNaN>(v);
+    }
+  };
+  if (lanes) {
+    using Lanes = Eigen::Array<A, kLanes, 1>;
+    Lanes local = Eigen::Map<const Lanes>(acc);
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      step(local, Eigen::Map<const Eigen::Array<S, kLanes, 1>>(x + i).template cast<A>());
+    }
+    Eigen::Map<Lanes> result(acc);
+    result = local;
+    for (; i < n; ++i) {
+      A& a = acc[i % kLanes];
+      const A v = static_cast<A>(x[i]);
+      a = v != v || a != a ? (v != v ? v : a) : (max ? std::max(a, v) : std::min(a, v));
+    }
+  } else {
+    Eigen::Map<ArrayX<A>> a(acc, n);
+    step(a, In<S>(x, n).template cast<A>());
+  }
+}
+
+template <typename S, typename A>
+void AccumulateAs(OpCode op, const S* x, A* acc, int64_t n, bool lanes) {
+  if constexpr (!std::is_integral_v<A>) {
+    if (op == OpCode::kMax || op == OpCode::kMin) {
+      AccumulateExtremum(op, x, acc, n, lanes);
+      return;
+    }
+  }
+  WithCombine<A>(op, [&](auto f) {
+    if (lanes) {
+      A local[kLanes];
+      std::copy_n(acc, kLanes, local);
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) local[l] = f(local[l], static_cast<A>(x[i + l]));
+      }
+      std::copy_n(local, kLanes, acc);
+      for (; i < n; ++i) acc[i % kLanes] = f(acc[i % kLanes], static_cast<A>(x[i]));
+    } else {
+      for (int64_t i = 0; i < n; ++i) acc[i] = f(acc[i], static_cast<A>(x[i]));
+    }
+  });
+}
+
+// Row-group mode: `rows` consecutive rows of `length` elements, each reduced in order into its
+// own accumulator.
+template <typename S, typename A>
+void AccumulateRowsAs(OpCode op, const S* x, A* acc, double* comp, int64_t rows,
+                      int64_t length) {
+  if constexpr (std::is_same_v<S, double> && std::is_same_v<A, double>) {
+    if (op != OpCode::kMax && op != OpCode::kMin) {
+      for (int64_t j = 0; j < rows; ++j) {
+        for (int64_t r = 0; r < length; ++r) {
+          if (op == OpCode::kProd) {
+            CompensatedMul(acc[j], comp[j], x[j * length + r]);
+          } else {
+            CompensatedAdd(acc[j], comp[j], x[j * length + r]);
+          }
+        }
+      }
+      return;
+    }
+  }
+  WithCombine<A>(op, [&](auto f) {
+    for (int64_t j = 0; j < rows; ++j) {
+      A a = acc[j];
+      const S* row = x + j * length;
+      for (int64_t r = 0; r < length; ++r) a = f(a, static_cast<A>(row[r]));
+      acc[j] = a;
+    }
+  });
+}
+
+// Column-group mode: `rows` consecutive blocks of `width` (= inner) elements, element i of every
+// block accumulated into accumulator i, block after block (the order of the one-block tiles).
+template <typename S, typename A>
+void AccumulateColumnsAs(OpCode op, const S* x, A* acc, double* comp, int64_t rows,
+                         int64_t width) {
+  for (int64_t j = 0; j < rows; ++j) {
+    const S* block = x + j * width;
+    if constexpr (std::is_same_v<S, double> && std::is_same_v<A, double>) {
+      if (op == OpCode::kSum || op == OpCode::kMean) {
+        for (int64_t i = 0; i < width; ++i) CompensatedAdd(acc[i], comp[i], block[i]);
+        continue;
+      }
+      if (op == OpCode::kProd) {
+        for (int64_t i = 0; i < width; ++i) CompensatedMul(acc[i], comp[i], block[i]);
+        continue;
+      }
+    }
+    if constexpr (!std::is_integral_v<A>) {
+      if (op == OpCode::kMax || op == OpCode::kMin) {
+        AccumulateExtremum(op, block, acc, width, /*lanes=*/false);
+        continue;
+      }
+    }
+    WithCombine<A>(op, [&](auto f) {
+      for (int64_t i = 0; i < width; ++i) acc[i] = f(acc[i], static_cast<A>(block[i]));
+    });
+  }
+}
+
+// Row-group (columns == false) or column-group (columns == true) accumulation of a tile of
+// `rows` rows of `length` elements.
+void AccumulateGroup(const Step& step, const char* src, char* acc, char* comp, int64_t rows,
+                     int64_t length, bool columns) {
+  double* c = reinterpret_cast<double*>(comp);
+  auto run = [&](const auto* x, auto* a) {
+    if (columns) {
+      AccumulateColumnsAs(step.op, x, a, c, rows, length);
+    } else {
+      AccumulateRowsAs(step.op, x, a, c, rows, length);
+    }
+  };
+  switch (step.src_ctype) {
+    case ComputeType::kF32:
+      if (step.acc_ctype == ComputeType::kF64) {
+        run(reinterpret_cast<const float*>(src), reinterpret_cast<double*>(acc));
+      } else {
+        run(reinterpret_cast<const float*>(src), reinterpret_cast<float*>(acc));
+      }
+      break;
+    case ComputeType::kF64:
+      run(reinterpret_cast<const double*>(src), reinterpret_cast<double*>(acc));
+      break;
+    case ComputeType::kI32:
+      if (step.acc_ctype == ComputeType::kI64) {
+        run(reinterpret_cast<const int32_t*>(src), reinterpret_cast<int64_t*>(acc));
+      } else {
+        run(reinterpret_cast<const int32_t*>(src), reinterpret_cast<int32_t*>(acc));
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+// Row-group mode: one value per row -> the value repeated over its row; [valid, count) zeroed.
+// Column-group mode: the inner vector of reduced values repeated for every block of the tile.
+template <typename T>
+void TileAs(const T* values, T* out, int64_t width, int64_t valid, int64_t count) {
+  for (int64_t j = 0; j * width < valid; ++j) std::copy_n(values, width, out + j * width);
+  std::fill(out + valid, out + count, T(0));
+}
+
+template <typename T>
+void ExpandAs(const T* values, T* out, int64_t length, int64_t valid, int64_t count,
+              bool columns = false) {
+  if (columns) return TileAs(values, out, length, valid, count);
+  for (int64_t j = 0; j * length < valid; ++j) std::fill_n(out + j * length, length, values[j]);
+  std::fill(out + valid, out + count, T(0));
+}
+
+void ExpandReduced(ComputeType type, const char* values, char* out, int64_t length,
+                   int64_t valid, int64_t count, bool columns) {
+  switch (type) {
+    case ComputeType::kF32:
+      ExpandAs(reinterpret_cast<const float*>(values), reinterpret_cast<float*>(out), length,
+               valid, count, columns);
+      break;
+    case ComputeType::kF64:
+      ExpandAs(reinterpret_cast<const double*>(values), reinterpret_cast<double*>(out), length,
+               valid, count, columns);
+      break;
+    case ComputeType::kI32:
+      ExpandAs(reinterpret_cast<const int32_t*>(values), reinterpret_cast<int32_t*>(out), length,
+               valid, count, columns);
+      break;
+    default:
+      ExpandAs(reinterpret_cast<const uint8_t*>(values), reinterpret_cast<uint8_t*>(out), length,
+               valid, count, columns);
+      break;
+  }
+}
+
+void Accumulate(const Step& step, const char* src, char* acc, char* comp, int64_t n,
+                bool lanes) {
+  if (Compensated(step.op, step.src_ctype, step.acc_ctype)) {
+    AccumulateCompensated(step.op, reinterpret_cast<const double*>(src),
+                          reinterpret_cast<double*>(acc), reinterpret_cast<double*>(comp), n,
+                          lanes);
+    return;
+  }
+  switch (step.src_ctype) {
+    case ComputeType::kF32:
+      if (step.acc_ctype == ComputeType::kF64) {
+        AccumulateAs(step.op, reinterpret_cast<const float*>(src), reinterpret_cast<double*>(acc),
+                     n, lanes);
+      } else {
+        AccumulateAs(step.op, reinterpret_cast<const float*>(src), reinterpret_cast<float*>(acc),
+                     n, lanes);
+      }
+      break;
+    case ComputeType::kF64:
+      AccumulateAs(step.op, reinterpret_cast<const double*>(src), reinterpret_cast<double*>(acc),
+                   n, lanes);
+      break;
+    case ComputeType::kI32:
+      if (step.acc_ctype == ComputeType::kI64) {
+        AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
+                     reinterpret_cast<int64_t*>(acc), n, lanes);
+      } else {
+        AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
+                     reinterpret_cast<int32_t*>(acc), n, lanes);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+template <typename A>
+void InitAccumulatorAs(OpCode op, A* acc, int64_t n) {
+  std::fill_n(acc, n, Identity<A>(op));
+}
+
+void InitAccumulator(const Step& finalize, char* acc, char* comp, int64_t n) {
+  std::memset(comp, 0, n * sizeof(double));
+  switch (finalize.acc_ctype) {
+    case ComputeType::kF32:
+      InitAccumulatorAs(finalize.op, reinterpret_cast<float*>(acc), n);
+      break;
+    case ComputeType::kF64:
+      InitAccumulatorAs(finalize.op, reinterpret_cast<double*>(acc), n);
+      break;
+    case ComputeType::kI32:
+      InitAccumulatorAs(finalize.op, reinterpret_cast<int32_t*>(acc), n);
+      break;
+    case ComputeType::kI64:
+      InitAccumulatorAs(finalize.op, reinterpret_cast<int64_t*>(acc), n);
+      break;
+    case ComputeType::kBool:
+      break;
+  }
+}
+
+// The accumulators -> the reduction's value in its compute type: lanes combined in lane order,
+// Mean divided by the number of reduced elements (i32 truncating; 0 when there are none).
+template <typename A, typename V>
+void FinalizeAs(OpCode op, const A* acc, V* out, int64_t valid, int64_t count, bool lanes,
+                int64_t reduce) {
+  auto finish = [&](A a) -> V {
+    if (op != OpCode::kMean) return static_cast<V>(a);
+    if constexpr (std::is_integral_v<A>) {
+      return reduce == 0 ? V(0) : static_cast<V>(static_cast<int64_t>(a) / reduce);
+    } else {
+      return static_cast<V>(a / static_cast<A>(reduce));  // 0 / 0 = NaN
+    }
+  };
+  if (lanes) {
+    WithCombine<A>(op, [&](auto f) {
+      A a = acc[0];
+      for (int64_t l = 1; l < kLanes; ++l) a = f(a, acc[l]);
+      std::fill_n(out, count, finish(a));
+    });
+  } else {
+    for (int64_t i = 0; i < valid; ++i) out[i] = finish(acc[i]);
+    std::fill(out + valid, out + count, V(0));
+  }
+}
+
+// Compensated f64 accumulators: the lanes (or each element) folded together with their
+// compensation terms, then finished like the others.
+void FinalizeCompensated(OpCode op, const double* acc, const double* comp, double* out,
+                         int64_t valid, int64_t count, bool lanes, int64_t reduce) {
+  const bool sum = op != OpCode::kProd;
+  auto finish = [&](double a) { return op == OpCode::kMean ? a / static_cast<double>(reduce) : a; };
+  if (lanes) {
+    double a = sum ? 0.0 : 1.0, c = 0.0;
+    for (int64_t l = 0; l < kLanes; ++l) {
+      if (sum) {
+        CompensatedAdd(a, c, acc[l]);
+        c += comp[l];
+      } else {
+        // (a + c) * (p + e) ~ a*p + (c*p + a*e): the product of the two error terms is dropped
+        const double q = a * acc[l];
+        c = std::fma(a, acc[l], -q) + c * acc[l] + a * comp[l];
+        a = q;
+      }
+    }
+    std::fill_n(out, count, finish(a + c));
+  } else {
+    for (int64_t i = 0; i < valid; ++i) out[i] = finish(acc[i] + comp[i]);
+    std::fill(out + valid, out + count, 0.0);
+  }
+}
+
+void Finalize(const Step& step, const char* acc, const char* comp, char* out, int64_t valid,
+              int64_t count, bool lanes, int64_t reduce) {
+  if (Compensated(step.op, step.src_ctype, step.acc_ctype)) {
+    FinalizeCompensated(step.op, reinterpret_cast<const double*>(acc),
+                        reinterpret_cast<const double*>(comp), reinterpret_cast<double*>(out),
+                        valid, count, lanes, reduce);
+    return;
+  }
+  switch (step.acc_ctype) {
+    case ComputeType::kF32:
+      FinalizeAs(step.op, reinterpret_cast<const float*>(acc), reinterpret_cast<float*>(out),
+                 valid, count, lanes, reduce);
+      break;
+    case ComputeType::kF64:
+      if (step.ctype == ComputeType::kF32) {
+        FinalizeAs(step.op, reinterpret_cast<const double*>(acc), reinterpret_cast<float*>(out),
+                   valid, count, lanes, reduce);
+      } else {
+        FinalizeAs(step.op, reinterpret_cast<const double*>(acc), reinterpret_cast<double*>(out),
+                   valid, count, lanes, reduce);
+      }
+      break;
+    case ComputeType::kI32:
+      FinalizeAs(step.op, reinterpret_cast<const int32_t*>(acc), reinterpret_cast<int32_t*>(out),
+                 valid, count, lanes, reduce);
+      break;
+    case ComputeType::kI64:
+      FinalizeAs(step.op, reinterpret_cast<const int64_t*>(acc), reinterpret_cast<int32_t*>(out),
+                 valid, count, lanes, reduce);
+      break;
+    default:
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Running a schedule.
 
 // Per-thread scratch holding the slots, grown on demand and kept for the thread's life.
@@ -857,17 +1841,27 @@ template <>
 double ImmediateOf<double>(const Loc& loc) { return loc.imm.f64; }
 template <>
 int32_t ImmediateOf<int32_t>(const Loc& loc) { return loc.imm.i32; }
+template <>
+uint8_t ImmediateOf<uint8_t>(const Loc& loc) { return loc.imm.b; }
 
+// An operand: an immediate, a reduced value read as a scalar (a row reduction, in a full pass),
+// or a tile.
 template <typename T>
-Arg<T> MakeArg(const Loc& loc, const char* address) {
+Arg<T> MakeArg(const Loc& loc, const char* address, bool scalar_reduced) {
   if (loc.is(Loc::Kind::kImmediate)) return {nullptr, ImmediateOf<T>(loc)};
+  if (loc.is(Loc::Kind::kReduced) && scalar_reduced) {
+    return {nullptr, *reinterpret_cast<const T*>(address)};
+  }
   return {reinterpret_cast<const T*>(address), T(0)};
 }
 
+// The ops whose operands and result are of one type T.
 template <typename T>
-void RunCompute(const Step& step, const char* const* src, char* dst, int64_t count) {
-  const Arg<T> x = MakeArg<T>(step.src[0], src[0]);
-  const Arg<T> y = step.num_src > 1 ? MakeArg<T>(step.src[1], src[1]) : Arg<T>{nullptr, T(0)};
+void RunSameType(const Step& step, const char* const* src, char* dst, int64_t count,
+                 bool scalar_reduced) {
+  const Arg<T> x = MakeArg<T>(step.src[0], src[0], scalar_reduced);
+  const Arg<T> y =
+      step.num_src > 1 ? MakeArg<T>(step.src[1], src[1], scalar_reduced) : Arg<T>{nullptr, T(0)};
   T* out = reinterpret_cast<T*>(dst);
   if constexpr (std::is_same_v<T, int32_t>) {
     if (step.num_src == 1) {
@@ -875,8 +1869,143 @@ void RunCompute(const Step& step, const char* const* src, char* dst, int64_t cou
     } else {
       RunIntBinary(step.op, x, y, out, count);
     }
+  } else if constexpr (std::is_same_v<T, uint8_t>) {
+    RunLogical(step.op, x, y, out, count);
   } else {
-    RunFloat<T>(step.op, x, y, out, count);
+    if (step.op == OpCode::kLeakyRelu) {
+      RunLeakyRelu<T>(x.data, ImmediateOf<T>(step.attr), out, count);
+    } else if (x.data == nullptr && y.data == nullptr) {
+      // Both operands scalars (a reduced scalar and an immediate cannot meet in a full pass, but
+      // stay safe): compute one element and splat it.
+      alignas(64) T a[kPad], b[kPad], r[kPad];
+      std::fill_n(a, kPad, x.scalar);
+      std::fill_n(b, kPad, y.scalar);
+      RunFloat<T>(step.op, Arg<T>{a, T(0)}, Arg<T>{b, T(0)}, r, kPad);
+      std::fill_n(out, count, r[0]);
+    } else {
+      RunFloat<T>(step.op, x, y, out, count);
+    }
+  }
+}
+
+template <typename T>
+void RunCompareAs(const Step& step, const char* const* src, char* dst, int64_t count,
+                  bool scalar_reduced) {
+  RunCompare<T>(step.op, MakeArg<T>(step.src[0], src[0], scalar_reduced),
+                MakeArg<T>(step.src[1], src[1], scalar_reduced), reinterpret_cast<uint8_t*>(dst),
+                count);
+}
+
+template <typename T>
+void RunSelectAs(const Step& step, const char* const* src, char* dst, int64_t count,
+                 bool scalar_reduced) {
+  RunSelect<T>(MakeArg<uint8_t>(step.src[0], src[0], scalar_reduced),
+               MakeArg<T>(step.src[1], src[1], scalar_reduced),
+               MakeArg<T>(step.src[2], src[2], scalar_reduced), reinterpret_cast<T*>(dst), count);
+}
+
+// A reduction of a value that is 1 along the reduced axes, i.e. R copies of x.
+template <typename T>
+void RunReduceOfReduced(OpCode op, const T* x, T* out, int64_t n, int64_t reduce) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = x[i];
+    T r = v;
+    if (reduce == 0) {
+      r = op == OpCode::kMean && !std::is_integral_v<T> ? std::numeric_limits<T>::quiet_NaN()
+                                                        : Identity<T>(op == OpCode::kMean
+                                                                          ? OpCode::kSum
+                                                                          : op);
+    } else if constexpr (std::is_integral_v<T>) {
+      if (op == OpCode::kSum) {
+        r = Wrap(U(v) * static_cast<uint32_t>(reduce));
+      } else if (op == OpCode::kProd) {
+        uint32_t p = 1, b = U(v);
+        for (int64_t e = reduce; e > 0; e >>= 1, b *= b) {
+          if (e & 1) p *= b;
+        }
+        r = Wrap(p);
+      }
+    } else {
+      if (op == OpCode::kSum) r = static_cast<T>(static_cast<double>(v) * reduce);
+      if (op == OpCode::kProd) r = static_cast<T>(std::pow(static_cast<double>(v), reduce));
+    }
+    out[i] = r;
+  }
+}
+
+void RunCompute(const Step& step, const char* const* src, char* dst, int64_t count,
+                bool scalar_reduced, int64_t reduce) {
+  if (IsReduction(step.op)) {
+    switch (step.ctype) {
+      case ComputeType::kF32:
+        RunReduceOfReduced(step.op, reinterpret_cast<const float*>(src[0]),
+                           reinterpret_cast<float*>(dst), count, reduce);
+        break;
+      case ComputeType::kF64:
+        RunReduceOfReduced(step.op, reinterpret_cast<const double*>(src[0]),
+                           reinterpret_cast<double*>(dst), count, reduce);
+        break;
+      case ComputeType::kI32:
+        RunReduceOfReduced(step.op, reinterpret_cast<const int32_t*>(src[0]),
+                           reinterpret_cast<int32_t*>(dst), count, reduce);
+        break;
+      default:
+        break;
+    }
+    return;
+  }
+  switch (step.op) {
+    case OpCode::kCast:
+      RunCast(step.src_ctype, step.dtype, src[0], dst, count);
+      return;
+    case OpCode::kZerosLike:
+    case OpCode::kOnesLike:
+      Fill(step.ctype, step.op == OpCode::kOnesLike, dst, count);
+      return;
+    case OpCode::kIsNan:
+    case OpCode::kIsInf:
+    case OpCode::kIsFinite:
+      if (step.src_ctype == ComputeType::kF64) {
+        RunClassify(step.op, reinterpret_cast<const double*>(src[0]),
+                    reinterpret_cast<uint8_t*>(dst), count);
+      } else {
+        RunClassify(step.op, reinterpret_cast<const float*>(src[0]),
+                    reinterpret_cast<uint8_t*>(dst), count);
+      }
+      return;
+    case OpCode::kGreater: case OpCode::kGreaterEqual: case OpCode::kLess:
+    case OpCode::kLessEqual: case OpCode::kEqual: case OpCode::kNotEqual:
+      switch (step.src_ctype) {
+        case ComputeType::kF32: RunCompareAs<float>(step, src, dst, count, scalar_reduced); break;
+        case ComputeType::kF64: RunCompareAs<double>(step, src, dst, count, scalar_reduced); break;
+        case ComputeType::kI32: RunCompareAs<int32_t>(step, src, dst, count, scalar_reduced); break;
+        case ComputeType::kBool: break;
+      }
+      return;
+    case OpCode::kSelect:
+      switch (step.ctype) {
+        case ComputeType::kF32: RunSelectAs<float>(step, src, dst, count, scalar_reduced); break;
+        case ComputeType::kF64: RunSelectAs<double>(step, src, dst, count, scalar_reduced); break;
+        case ComputeType::kI32: RunSelectAs<int32_t>(step, src, dst, count, scalar_reduced); break;
+        case ComputeType::kBool: RunSelectAs<uint8_t>(step, src, dst, count, scalar_reduced); break;
+      }
+      return;
+    default:
+      break;
+  }
+  switch (step.ctype) {
+    case ComputeType::kF32:
+      RunSameType<float>(step, src, dst, count, scalar_reduced);
+      break;
+    case ComputeType::kF64:
+      RunSameType<double>(step, src, dst, count, scalar_reduced);
+      break;
+    case ComputeType::kI32:
+      RunSameType<int32_t>(step, src, dst, count, scalar_reduced);
+      break;
+    case ComputeType::kBool:
+      RunSameType<uint8_t>(step, src, dst, count, scalar_reduced);
+      break;
   }
 }
 
@@ -886,7 +2015,7 @@ int64_t ProgramCostPerElement(const Program& program) {
   for (const Instruction& inst : program.instructions) {
     const int op_cost = GetOpInfo(inst.op).cost;
     // f64 transcendentals run the C library's scalar functions
-    cost += inst.dtype == DType::kF64 && op_cost > 1 ? 8 * op_cost : op_cost;
+    cost += inst.operand_dtype == DType::kF64 && op_cost > 1 ? 8 * op_cost : op_cost;
   }
   for (const InputDecl& in : program.inputs) cost += DTypeSize(in.dtype) / 2;
   for (size_t k = 0; k < program.outputs.size(); ++k) {
@@ -895,119 +2024,99 @@ int64_t ProgramCostPerElement(const Program& program) {
   return std::max<int64_t>(cost, 1);
 }
 
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-
-Interpreter::Interpreter(Program program) : program_(std::move(program)) {
-  direct_ = std::make_unique<Schedule>(
-      Planner(program_, {/*direct_inputs=*/true, /*direct_outputs=*/true, /*stream=*/false})
-          .Build());
-  streaming_ = std::make_unique<Schedule>(
-      Planner(program_, {/*direct_inputs=*/true, /*direct_outputs=*/false, /*stream=*/true})
-          .Build());
-  staged_ = std::make_unique<Schedule>(
-      Planner(program_, {/*direct_inputs=*/false, /*direct_outputs=*/false, /*stream=*/false})
-          .Build());
-  const Schedule* schedules[] = {direct_.get(), streaming_.get(), staged_.get()};
-
-  int widest = 4;
-  for (const Instruction& inst : program_.instructions) {
-    widest = std::max(widest, ComputeSize(ComputeTypeOf(inst.dtype)));
-  }
-  int64_t io_bytes = 0;  // per element, of every tensor a tile streams through
-  for (const InputDecl& in : program_.inputs) {
-    widest = std::max(widest, ComputeSize(ComputeTypeOf(in.dtype)));
-    io_bytes += DTypeSize(in.dtype);
-  }
-  output_bytes_ = 0;
-  for (size_t k = 0; k < program_.outputs.size(); ++k) {
-    output_bytes_ += DTypeSize(program_.OutputDType(static_cast<int>(k)));
-  }
-  io_bytes += output_bytes_;
-  // The largest power-of-two tile whose slots and tensor streams fit the L1 budget.
-  const int64_t slots = std::max({direct_->num_slots, streaming_->num_slots, 1});
-  int64_t tile = kMaxTile;
-  while (tile > kMinTile && tile * (widest * slots + io_bytes) > kTileBudgetBytes) tile /= 2;
-  tile_size_ = tile;
-  slot_bytes_ = tile_size_ * widest;
-  int most_slots = 1;
-  for (const Schedule* s : schedules) most_slots = std::max(most_slots, s->num_slots);
-  scratch_bytes_ = most_slots * slot_bytes_;
-  cost_per_element_ = ProgramCostPerElement(program_);
-
-  forwardable_.resize(program_.outputs.size());
-  for (size_t k = 0; k < program_.outputs.size(); ++k) {
-    const DType out_dtype = program_.OutputDType(static_cast<int>(k));
-    for (size_t j = 0; j < program_.inputs.size(); ++j) {
-      if (program_.inputs[j].dtype != out_dtype) continue;
-      bool safe = true;
-      for (const Schedule* s : schedules) {
-        if (s->last_input_read[j] > s->first_output_write[k]) safe = false;
-      }
-      if (safe) forwardable_[k].push_back(static_cast<int>(j));
-    }
-  }
+int64_t Product(const std::vector<int64_t>& dims, size_t begin = 0, size_t end = SIZE_MAX) {
+  int64_t n = 1;
+  for (size_t d = begin; d < std::min(end, dims.size()); ++d) n *= dims[d];
+  return n;
 }
 
-Interpreter::~Interpreter() = default;
+std::string DimsString(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
 
-void Interpreter::RunTiles(const IoBuffers& io, int64_t num_elements, int64_t first_tile,
-                           int64_t last_tile) const {
-  char* scratch = ThreadScratch(scratch_bytes_);
-  const bool stream = num_elements * output_bytes_ >= kStreamBytes;
-  const Schedule& full = stream ? *streaming_ : *direct_;
-  for (int64_t t = first_tile; t < last_tile; ++t) {
-    const int64_t offset = t * tile_size_;
-    const int64_t valid = std::min(tile_size_, num_elements - offset);
-    if (valid % kPad == 0) {
-      RunSchedule(full, io, offset, valid, valid, scratch);
+// The plan of reading `view` (right-aligned) stretched over `space`.
+BroadcastPlan MakeBroadcastPlan(const std::vector<int64_t>& space,
+                                const std::vector<int64_t>& view) {
+  BroadcastPlan plan;
+  std::vector<bool> read;
+  const int offset = static_cast<int>(space.size() - view.size());
+  for (int a = 0; a < static_cast<int>(space.size()); ++a) {
+    if (space[a] == 1) continue;
+    const bool r = a >= offset && view[a - offset] != 1;
+    if (!plan.dims.empty() && read.back() == r) {
+      plan.dims.back() *= space[a];
     } else {
-      RunSchedule(*staged_, io, offset, valid, (valid + kPad - 1) / kPad * kPad, scratch);
+      plan.dims.push_back(space[a]);
+      read.push_back(r);
     }
   }
-#ifdef TF_AUTOFUSE_X86_CONVERT
-  if (stream) _mm_sfence();  // non-temporal stores are visible before the caller moves on
-#endif
+  if (plan.dims.empty()) {
+    plan.dims.push_back(1);
+    read.push_back(false);
+  }
+  plan.strides.assign(plan.dims.size(), 0);
+  int64_t stride = 1;
+  for (int d = static_cast<int>(plan.dims.size()) - 1; d >= 0; --d) {
+    if (!read[d]) continue;
+    plan.strides[d] = stride;
+    stride *= plan.dims[d];
+  }
+  return plan;
 }
 
-// One tile: `valid` elements from `offset`; compute steps run over `count` >= valid elements
-// (the padded length of a ragged tile, whose operands and results are all slots then).
-void Interpreter::RunSchedule(const Schedule& schedule, const IoBuffers& io, int64_t offset,
-                              int64_t valid, int64_t count, char* scratch) const {
+// What one schedule run reads and writes.
+struct Frame {
+  const RunShape& run;
+  const IoBuffers& io;
+  const PlanSet& plans;
+  char* scratch;
+  bool lanes;  // a row reduction (inner == 1): reduced values are scalars in full passes
+  bool rows;   // row-group mode: tiles of whole rows, reduced values expanded per row
+  bool cols;   // column-group mode: tiles of whole inner blocks, reduced values tiled
+};
+
+// One tile: `valid` elements from `offset` of the schedule's space (the iteration shape, or the
+// reduced shape in a finalize schedule); compute steps run over `count` >= valid elements (the
+// padded length of a ragged tile, whose operands and results are all slots or buffers then).
+void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_space,
+                 int64_t offset, int64_t valid, int64_t count) {
+  const PlanSet& plans = frame.plans;
   auto address = [&](const Loc& loc) -> char* {
     switch (loc.kind) {
       case Loc::Kind::kSlot:
-        return scratch + loc.index * slot_bytes_;
+        return frame.scratch + loc.index * plans.slot_bytes;
       case Loc::Kind::kInput:
-        return const_cast<char*>(io.inputs[loc.index]) + offset * loc.elem_size;
+        return const_cast<char*>(frame.io.inputs[loc.index]) + offset * loc.elem_size;
       case Loc::Kind::kOutput:
-        return io.outputs[loc.index] + offset * loc.elem_size;
+        return frame.io.outputs[loc.index] + offset * loc.elem_size;
+      case Loc::Kind::kReduced:
+        return frame.scratch + plans.reduced_offset + loc.index * plans.buffer_bytes;
+      case Loc::Kind::kAccumulator:
+        return frame.scratch + plans.accumulator_offset + loc.index * 2 * plans.buffer_bytes;
       case Loc::Kind::kImmediate:
         break;
     }
     return nullptr;
   };
+  const bool scalar_reduced = frame.lanes && !frame.rows && !reduced_space;
   for (const Step& step : schedule.steps) {
     switch (step.kind) {
       case Step::Kind::kLoad:
         LoadTile(step.dtype, address(step.src[0]), address(step.dst), valid, count);
         break;
+      case Step::Kind::kBroadcastLoad: {
+        const int j = step.src[0].index;
+        const BroadcastPlan& plan =
+            reduced_space ? frame.run.reduced_plans[j] : frame.run.full_plans[j];
+        BroadcastLoad(plan, step.dtype, frame.io.inputs[j], address(step.dst), offset, valid,
+                      count);
+        break;
+      }
       case Step::Kind::kCompute: {
-        const char* src[2] = {address(step.src[0]),
-                              step.num_src > 1 ? address(step.src[1]) : nullptr};
-        char* dst = address(step.dst);
-        switch (step.ctype) {
-          case ComputeType::kF32:
-            RunCompute<float>(step, src, dst, count);
-            break;
-          case ComputeType::kF64:
-            RunCompute<double>(step, src, dst, count);
-            break;
-          case ComputeType::kI32:
-            RunCompute<int32_t>(step, src, dst, count);
-            break;
-        }
+        const char* src[3] = {address(step.src[0]),
+                              step.num_src > 1 ? address(step.src[1]) : nullptr,
+                              step.num_src > 2 ? address(step.src[2]) : nullptr};
+        RunCompute(step, src, address(step.dst), count, scalar_reduced, frame.run.reduce);
         break;
       }
       case Step::Kind::kConvertStore:
@@ -1019,8 +2128,393 @@ void Interpreter::RunSchedule(const Schedule& schedule, const IoBuffers& io, int
         if (src != dst) Copy(src, dst, valid * DTypeSize(step.dtype), step.stream);
         break;
       }
+      case Step::Kind::kAccumulate: {
+        char* acc = address(step.dst);
+        if (frame.rows) {
+          AccumulateGroup(step, address(step.src[0]), acc, acc + plans.buffer_bytes,
+                          valid / frame.run.reduce, frame.run.reduce, /*columns=*/false);
+        } else if (frame.cols) {
+          AccumulateGroup(step, address(step.src[0]), acc, acc + plans.buffer_bytes,
+                          valid / frame.run.inner, frame.run.inner, /*columns=*/true);
+        } else {
+          Accumulate(step, address(step.src[0]), acc, acc + plans.buffer_bytes, valid,
+                     frame.lanes);
+        }
+        break;
+      }
+      case Step::Kind::kExpandReduced:
+        ExpandReduced(step.ctype, address(step.src[0]), address(step.dst),
+                      frame.cols ? frame.run.inner : frame.run.reduce, valid, count, frame.cols);
+        break;
+      case Step::Kind::kFinalize: {
+        const char* acc = address(step.src[0]);
+        Finalize(step, acc, acc + plans.buffer_bytes, address(step.dst), valid, count,
+                 frame.lanes && !frame.rows, frame.run.reduce);
+        break;
+      }
     }
   }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+Interpreter::Interpreter(Program program) : program_(std::move(program)) {
+  cost_per_element_ = ProgramCostPerElement(program_);
+}
+
+Interpreter::~Interpreter() = default;
+
+const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = plans_.find(broadcast);
+  if (it != plans_.end()) return *it->second;
+
+  auto set = std::make_unique<PlanSet>();
+  set->broadcast = broadcast;
+  const int n = static_cast<int>(program_.instructions.size());
+  std::vector<int> reduced_index(n, -1), accumulator_index(n, -1);
+  for (int i = 0; i < n; ++i) {
+    const Instruction& inst = program_.instructions[i];
+    if (inst.reduced) reduced_index[i] = set->num_reduced++;
+    if (IsReduction(inst.op)) accumulator_index[i] = set->num_accumulators++;
+  }
+  auto build = [&](Access access, Pass pass) {
+    return Planner(program_, broadcast, access, pass, reduced_index, accumulator_index).Build();
+  };
+  auto full_pass = [&](Pass pass) {
+    PassSchedules s;
+    s.direct = build({/*direct_inputs=*/true, /*direct_outputs=*/true, /*stream=*/false}, pass);
+    s.streaming = build({/*direct_inputs=*/true, /*direct_outputs=*/false, /*stream=*/true}, pass);
+    s.staged = build({/*direct_inputs=*/false, /*direct_outputs=*/false, /*stream=*/false}, pass);
+    return s;
+  };
+  const Access staged = {false, false, false};
+  set->has_final = !program_.has_reductions();
+  for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
+    if (!program_.OutputReduced(k)) set->has_final = true;
+  }
+  if (set->has_final) set->final = full_pass({Pass::Kind::kFinal, 0});
+  if (program_.has_reductions()) {
+    if (set->has_final) set->rows_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/true});
+    for (int p = 1; p <= program_.num_levels; ++p) {
+      set->accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p}));
+      set->rows_accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p, /*rows=*/true}));
+    }
+    for (int p = 0; p <= program_.num_levels; ++p) {
+      set->finalize.push_back(build(staged, {Pass::Kind::kFinalize, p}));
+    }
+  }
+
+  std::vector<const Schedule*> schedules;
+  auto add = [&](const PassSchedules& s) {
+    schedules.insert(schedules.end(), {&s.direct, &s.streaming, &s.staged});
+  };
+  if (set->has_final) add(set->final);
+  if (set->has_final && program_.has_reductions()) add(set->rows_final);
+  for (const PassSchedules& s : set->accumulate) add(s);
+  for (const PassSchedules& s : set->rows_accumulate) add(s);
+  for (const Schedule& s : set->finalize) schedules.push_back(&s);
+
+  int widest = 4;
+  for (const Instruction& inst : program_.instructions) {
+    widest = std::max({widest, ComputeSize(ComputeTypeOf(inst.dtype)),
+                       ComputeSize(ComputeTypeOf(inst.operand_dtype))});
+  }
+  int64_t io_bytes = 0;  // per element, of every tensor a tile streams through
+  for (const InputDecl& in : program_.inputs) {
+    widest = std::max(widest, ComputeSize(ComputeTypeOf(in.dtype)));
+    io_bytes += DTypeSize(in.dtype);
+  }
+  set->output_bytes = 0;
+  for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
+    if (!program_.OutputReduced(k)) set->output_bytes += DTypeSize(program_.OutputDType(k));
+  }
+  io_bytes += set->output_bytes;
+  // The largest power-of-two tile whose slots and tensor streams fit the L1 budget.
+  int most_slots = 1;
+  int full_slots = 1;
+  for (const Schedule* s : schedules) most_slots = std::max(most_slots, s->num_slots);
+  if (set->has_final) {
+    full_slots = std::max({full_slots, set->final.direct.num_slots,
+                           set->final.streaming.num_slots});
+  }
+  for (const PassSchedules& s : set->accumulate) {
+    full_slots = std::max(full_slots, s.direct.num_slots);
+  }
+  int64_t tile = kMaxTile;
+  while (tile > kMinTile && tile * (widest * full_slots + io_bytes) > kTileBudgetBytes) tile /= 2;
+  set->tile_size = tile;
+  set->slot_bytes = tile * widest;
+  set->buffer_bytes = tile * 8;
+  set->reduced_offset = most_slots * set->slot_bytes;
+  set->accumulator_offset = set->reduced_offset + set->num_reduced * set->buffer_bytes;
+  set->scratch_bytes =
+      set->accumulator_offset + set->num_accumulators * 2 * set->buffer_bytes;
+
+  set->forwardable.resize(program_.outputs.size());
+  for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
+    if (program_.OutputReduced(k) || !set->has_final) continue;
+    const DType out_dtype = program_.OutputDType(k);
+    for (size_t j = 0; j < program_.inputs.size(); ++j) {
+      if (program_.inputs[j].dtype != out_dtype || broadcast[j] || program_.inputs[j].reduced) {
+        continue;
+      }
+      bool safe = true;
+      for (const PassSchedules* pass : {&set->final, &set->rows_final}) {
+        for (const Schedule* s : {&pass->direct, &pass->streaming, &pass->staged}) {
+          if (s->empty()) continue;
+          if (s->last_input_read[j] > s->first_output_write[k]) safe = false;
+        }
+      }
+      if (safe) set->forwardable[k].push_back(static_cast<int>(j));
+    }
+  }
+  const PlanSet& result = *set;
+  plans_.emplace(broadcast, std::move(set));
+  return result;
+}
+
+absl::Status Interpreter::Prepare(const std::vector<std::vector<int64_t>>& input_shapes,
+                                  RunShape* run) const {
+  const int num_inputs = static_cast<int>(program_.inputs.size());
+  std::vector<std::vector<int64_t>> views(num_inputs);
+  for (int j = 0; j < num_inputs; ++j) {
+    const InputDecl& decl = program_.inputs[j];
+    const std::vector<int64_t>& shape = input_shapes[j];
+    if (!decl.has_view) {
+      views[j] = shape;
+      continue;
+    }
+    const int64_t count = Product(shape);
+    std::vector<int64_t> view = decl.view.dims;
+    int unknown = -1;
+    int64_t known = 1;
+    for (size_t d = 0; d < view.size(); ++d) {
+      if (view[d] < 0) {
+        unknown = static_cast<int>(d);
+      } else {
+        known *= view[d];
+      }
+    }
+    bool fits = true;
+    if (unknown >= 0) {
+      if (known == 0) {
+        fits = count == 0;
+        view[unknown] = 1;
+      } else {
+        fits = count % known == 0;
+        view[unknown] = count / std::max<int64_t>(known, 1);
+      }
+    } else {
+      fits = known == count;
+    }
+    if (!fits) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input ", j, " has shape ", DimsString(shape), " (", count,
+          " elements), which cannot be read as the view of in", j, ": ", DeclString(decl)));
+    }
+    views[j] = std::move(view);
+  }
+
+  // The iteration shape: the numpy broadcast of the views.
+  size_t rank = 0;
+  for (const auto& v : views) rank = std::max(rank, v.size());
+  std::vector<int64_t> iteration(rank, 1);
+  std::vector<int> set_by(rank, -1);
+  for (int j = 0; j < num_inputs; ++j) {
+    const size_t offset = rank - views[j].size();
+    for (size_t d = 0; d < views[j].size(); ++d) {
+      const int64_t v = views[j][d];
+      const size_t a = offset + d;
+      if (v == 1) continue;
+      if (set_by[a] < 0 || iteration[a] == v) {
+        iteration[a] = v;
+        set_by[a] = j;
+        continue;
+      }
+      const int i = set_by[a];
+      auto describe = [&](int k) {
+        std::string text = absl::StrCat("input ", k, " of shape ", DimsString(input_shapes[k]));
+        if (program_.inputs[k].has_view) absl::StrAppend(&text, " read as ", DimsString(views[k]));
+        return text;
+      };
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the inputs do not broadcast: ", describe(i), " and ", describe(j),
+          " differ in dimension ", static_cast<int64_t>(a) - static_cast<int64_t>(rank), " (",
+          iteration[a], " vs ", v, ")"));
+    }
+  }
+  run->iteration = iteration;
+  run->num_elements = Product(iteration);
+  run->outer = run->reduce = run->inner = 1;
+  run->reduced.clear();
+  if (program_.has_reductions()) {
+    const size_t first = program_.axes.front(), last = program_.axes.back();
+    run->outer = Product(iteration, 0, first);
+    run->reduce = Product(iteration, first, last + 1);
+    run->inner = Product(iteration, last + 1);
+    run->reduced = iteration;
+    for (int a : program_.axes) run->reduced[a] = 1;
+  }
+  run->broadcast.assign(num_inputs, false);
+  run->full_plans.assign(num_inputs, BroadcastPlan());
+  run->reduced_plans.assign(num_inputs, BroadcastPlan());
+  for (int j = 0; j < num_inputs; ++j) {
+    run->broadcast[j] = Product(views[j]) != run->num_elements;
+    if (run->broadcast[j]) run->full_plans[j] = MakeBroadcastPlan(iteration, views[j]);
+    if (program_.inputs[j].reduced) {
+      run->reduced_plans[j] = MakeBroadcastPlan(run->reduced, views[j]);
+    }
+  }
+
+  run->outputs.assign(program_.outputs.size(), {});
+  for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
+    const Output& out = program_.outputs[k];
+    const std::vector<int64_t>& shape = program_.OutputReduced(k) ? run->reduced : iteration;
+    if (!out.has_view) {
+      run->outputs[k] = shape;
+      continue;
+    }
+    const int64_t count = Product(shape);
+    std::vector<int64_t> view = out.view.dims;
+    int64_t known = 1;
+    int unknown = -1;
+    for (size_t d = 0; d < view.size(); ++d) {
+      if (view[d] < 0) {
+        unknown = static_cast<int>(d);
+      } else {
+        known *= view[d];
+      }
+    }
+    bool fits = unknown >= 0 ? (known == 0 ? count == 0 : count % known == 0) : known == count;
+    if (unknown >= 0) view[unknown] = known == 0 ? 1 : count / known;
+    if (!fits) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "program line ", out.line, ": out", k, " -> ", ShapeString(out.view),
+          " does not fit the ", count, " elements of its value's shape ", DimsString(shape),
+          " (iteration shape ", DimsString(iteration), ")"));
+    }
+    run->outputs[k] = std::move(view);
+  }
+  run->plans = &PlansFor(run->broadcast);
+  return absl::OkStatus();
+}
+
+const std::vector<int>& Interpreter::ForwardableInputs(const RunShape& run, int k) const {
+  return run.plans->forwardable[k];
+}
+
+namespace {
+// Rows per item in row-group mode; 1 otherwise.
+int64_t RowsPerItem(const RunShape& run, int64_t tile) {
+  if (run.inner != 1 || run.reduce == 0 || run.reduce * kRowsPerTileMin > tile) return 1;
+  return tile / run.reduce;
+}
+// Inner blocks per tile in column-group mode (short inner dimensions); 1 otherwise.
+int64_t BlocksPerTile(const RunShape& run, int64_t tile) {
+  if (run.inner == 1 || run.inner * kRowsPerTileMin > tile) return 1;
+  return tile / run.inner;
+}
+}  // namespace
+
+int64_t Interpreter::NumItems(const RunShape& run) const {
+  const int64_t tile = run.plans->tile_size;
+  if (!program_.has_reductions()) return (run.num_elements + tile - 1) / tile;
+  const int64_t group = RowsPerItem(run, tile);
+  if (group > 1) return (run.outer + group - 1) / group;
+  const int64_t chunks = run.inner == 1 ? 1 : (run.inner + tile - 1) / tile;
+  return run.outer * chunks;
+}
+
+int64_t Interpreter::TotalCost(const RunShape& run) const {
+  const int64_t passes = program_.num_levels + 1;
+  return std::max<int64_t>(run.num_elements, 1) * cost_per_element_ * passes;
+}
+
+int64_t Interpreter::CostPerItem(const RunShape& run) const {
+  return TotalCost(run) / std::max<int64_t>(NumItems(run), 1) + 1;
+}
+
+void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t first,
+                           int64_t last) const {
+  const PlanSet& plans = *run.plans;
+  char* scratch = ThreadScratch(plans.scratch_bytes);
+  const bool stream = run.num_elements * plans.output_bytes >= kStreamBytes;
+  const int64_t tile = plans.tile_size;
+  const int64_t group = program_.has_reductions() ? RowsPerItem(run, tile) : 1;
+  const int64_t blocks = program_.has_reductions() ? BlocksPerTile(run, tile) : 1;
+  const Frame frame{run, io, plans, scratch, /*lanes=*/run.inner == 1, /*rows=*/group > 1,
+                    /*cols=*/blocks > 1};
+  auto full_tile = [&](const PassSchedules& s, bool streaming, int64_t offset, int64_t valid) {
+    if (valid % kPad == 0) {
+      RunSchedule(streaming ? s.streaming : s.direct, frame, false, offset, valid, valid);
+    } else {
+      RunSchedule(s.staged, frame, false, offset, valid, (valid + kPad - 1) / kPad * kPad);
+    }
+  };
+
+  if (!program_.has_reductions()) {
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t offset = t * tile;
+      full_tile(plans.final, stream, offset, std::min(tile, run.num_elements - offset));
+    }
+  } else {
+    const int64_t inner = run.inner, reduce = run.reduce;
+    const int64_t chunks = inner == 1 ? 1 : (inner + tile - 1) / tile;
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t o = frame.rows ? item * group : item / chunks;
+      const int64_t i0 = frame.rows ? 0 : (item % chunks) * tile;
+      // Reduced elements of this item: an inner chunk, or (row-group mode) rows.
+      const int64_t width =
+          frame.rows ? std::min(group, run.outer - o) : std::min(tile, inner - i0);
+      const int64_t reduced_offset = o * inner + i0;
+      const int64_t reduced_count = (width + kPad - 1) / kPad * kPad;
+      // Every full tile of this item, in order.
+      auto for_tiles = [&](const PassSchedules& s, bool streaming) {
+        if (frame.rows) {
+          full_tile(s, streaming, o * reduce, width * reduce);
+        } else if (frame.cols) {
+          for (int64_t r0 = 0; r0 < reduce; r0 += blocks) {
+            full_tile(s, streaming, (o * reduce + r0) * inner,
+                      std::min(blocks, reduce - r0) * inner);
+          }
+        } else if (frame.lanes) {
+          for (int64_t r0 = 0; r0 < reduce; r0 += tile) {
+            full_tile(s, streaming, o * reduce + r0, std::min(tile, reduce - r0));
+          }
+        } else {
+          for (int64_t r = 0; r < reduce; ++r) {
+            full_tile(s, streaming, (o * reduce + r) * inner + i0, width);
+          }
+        }
+      };
+      auto finalize = [&](int level) {
+        const Schedule& s = plans.finalize[level];
+        if (!s.empty()) RunSchedule(s, frame, true, reduced_offset, width, reduced_count);
+      };
+      finalize(0);
+      for (int p = 1; p <= program_.num_levels; ++p) {
+        for (const Step& step : plans.finalize[p].steps) {
+          if (step.kind != Step::Kind::kFinalize) continue;
+          char* acc = scratch + plans.accumulator_offset +
+                      step.src[0].index * 2 * plans.buffer_bytes;
+          InitAccumulator(step, acc, acc + plans.buffer_bytes,
+                          frame.lanes && !frame.rows ? kLanes : reduced_count);
+        }
+        const bool grouped = frame.rows || frame.cols;
+        for_tiles(grouped ? plans.rows_accumulate[p - 1] : plans.accumulate[p - 1], false);
+        finalize(p);
+      }
+      if (plans.has_final) {
+        for_tiles(frame.rows || frame.cols ? plans.rows_final : plans.final, stream);
+      }
+    }
+  }
+#ifdef TF_AUTOFUSE_X86_CONVERT
+  if (stream) _mm_sfence();  // non-temporal stores are visible before the caller moves on
+#endif
 }
 
 }  // namespace tf_autofuse

@@ -4,26 +4,52 @@
 #define TF_AUTOFUSE_CC_INTERPRETER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "program.h"
 
 namespace tf_autofuse {
 
-struct Schedule;  // interpreter.cc
+struct PlanSet;  // interpreter.cc: the schedules of one broadcast pattern
 
-// The raw buffers of one run, indexed like the program's inputs and outputs. Every buffer holds
-// the same number of elements (elementwise programs); an output may be an input's buffer when
-// ForwardableInputs allowed it.
+// The raw buffers of one run, indexed like the program's inputs and outputs. An output may be an
+// input's buffer when ForwardableInputs allowed it.
 struct IoBuffers {
   std::vector<const char*> inputs;
   std::vector<char*> outputs;
 };
 
+// How one input is read broadcast over an iteration space: the space's dimensions, collapsed so
+// that adjacent dimensions along which the input is either read or stretched alike are one, and
+// the input's element stride along each (0 where it is stretched, else the number of input
+// elements per step).
+struct BroadcastPlan {
+  std::vector<int64_t> dims;     // outermost first; never empty
+  std::vector<int64_t> strides;  // 0 or the contiguous stride
+};
+
+// The geometry of one run, from the runtime input shapes (Interpreter::Prepare).
+struct RunShape {
+  std::vector<int64_t> iteration;  // the numpy broadcast of the input views
+  int64_t num_elements = 0;        // of the iteration shape
+  // Programs with reductions: the iteration shape as [outer, reduce, inner] around the reduced
+  // axes, and the reduced shape (the reduced axes set to 1).
+  std::vector<int64_t> reduced;
+  int64_t outer = 1, reduce = 1, inner = 1;
+  std::vector<bool> broadcast;               // per input: stretched (not the iteration's size)
+  std::vector<BroadcastPlan> full_plans;     // per input, over the iteration shape
+  std::vector<BroadcastPlan> reduced_plans;  // per input read as a reduced value
+  std::vector<std::vector<int64_t>> outputs; // the shape of every output
+  const PlanSet* plans = nullptr;            // the schedules for this broadcast pattern
+};
+
 class Interpreter {
  public:
-  // `program` must have passed ParseProgram. Plans the schedules and the scratch slots once.
+  // `program` must have passed ParseProgram.
   explicit Interpreter(Program program);
   ~Interpreter();
   Interpreter(const Interpreter&) = delete;
@@ -31,43 +57,35 @@ class Interpreter {
 
   const Program& program() const { return program_; }
 
-  // Elements per tile, a multiple of 16.
-  int64_t tile_size() const { return tile_size_; }
-  int64_t NumTiles(int64_t num_elements) const {
-    return (num_elements + tile_size_ - 1) / tile_size_;
-  }
-  // Rough CPU cycles per element and per full tile, for the thread pool's cost model.
-  int64_t CostPerElement() const { return cost_per_element_; }
-  int64_t CostPerTile() const { return cost_per_element_ * tile_size_; }
+  // Resolves the views against the runtime input shapes, broadcasts them into the iteration
+  // shape and finds the output shapes. InvalidArgument (naming the shapes, not the kernel) when
+  // they do not fit. Plans the schedules of a new broadcast pattern once (thread-safe).
+  absl::Status Prepare(const std::vector<std::vector<int64_t>>& input_shapes,
+                       RunShape* run) const;
 
-  // The inputs whose buffer output `k` may reuse: same dtype, and within a tile every read of
-  // the input happens no later than the first write of the output (an instruction that reads
-  // the input and writes the output in the same pass is fine: elements are independent).
-  const std::vector<int>& ForwardableInputs(int k) const { return forwardable_[k]; }
+  // The inputs whose buffer output `k` may reuse in this run: same dtype, not broadcast, and
+  // within a tile every read of the input happens no later than the first write of the output.
+  // The caller must also check that the shapes are equal.
+  const std::vector<int>& ForwardableInputs(const RunShape& run, int k) const;
 
-  // Runs tiles [first_tile, last_tile) of a `num_elements`-element problem. Thread-safe: calls
-  // on disjoint tile ranges may run concurrently. Results do not depend on how the tiles are
-  // split between calls.
-  void RunTiles(const IoBuffers& io, int64_t num_elements, int64_t first_tile,
-                int64_t last_tile) const;
+  // The run is split into independent work items (tiles of an elementwise program; rows, or
+  // chunks of the inner dimensions, of a reduction). Rough CPU cycles per item and in total, for
+  // the thread pool's cost model.
+  int64_t NumItems(const RunShape& run) const;
+  int64_t CostPerItem(const RunShape& run) const;
+  int64_t TotalCost(const RunShape& run) const;
+
+  // Runs items [first, last). Thread-safe: calls on disjoint item ranges may run concurrently.
+  // Results do not depend on how the items are split between calls.
+  void RunItems(const RunShape& run, const IoBuffers& io, int64_t first, int64_t last) const;
 
  private:
-  void RunSchedule(const Schedule& schedule, const IoBuffers& io, int64_t offset, int64_t valid,
-                   int64_t count, char* scratch) const;
+  const PlanSet& PlansFor(const std::vector<bool>& broadcast) const;
 
   Program program_;
-  // Full tiles: f32/f64/i32 inputs and outputs used in place.
-  std::unique_ptr<Schedule> direct_;
-  // Full tiles of large problems: inputs in place, outputs stored from slots, non-temporally.
-  std::unique_ptr<Schedule> streaming_;
-  // A ragged last tile: everything through zero-padded slots.
-  std::unique_ptr<Schedule> staged_;
-  int64_t tile_size_ = 0;
-  int64_t slot_bytes_ = 0;      // one slot: tile_size_ elements of the widest compute type
-  int64_t scratch_bytes_ = 0;   // all slots of the larger schedule
   int64_t cost_per_element_ = 0;
-  int64_t output_bytes_ = 0;    // per element, all outputs together
-  std::vector<std::vector<int>> forwardable_;
+  mutable std::mutex mu_;
+  mutable std::map<std::vector<bool>, std::unique_ptr<PlanSet>> plans_;
 };
 
 }  // namespace tf_autofuse

@@ -4,6 +4,7 @@
 // and plans it once, at construction, then runs the tiled interpreter (interpreter.cc) over the
 // inputs, spreading the tiles over TensorFlow's intra-op thread pool.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -55,6 +56,8 @@ DataType ToDataType(DType dtype) {
       return tensorflow::DT_DOUBLE;
     case DType::kI32:
       return tensorflow::DT_INT32;
+    case DType::kBool:
+      return tensorflow::DT_BOOL;
   }
   return tensorflow::DT_INVALID;
 }
@@ -101,7 +104,7 @@ absl::Status LoadProgram(const std::string& text, tensorflow::DataTypeSlice tin,
   return absl::InvalidArgumentError(absl::StrCat(who, ": ", status.message()));
 }
 
-std::string ShapeString(const TensorShape& shape) {
+std::string ShapeString(const TensorShape& shape) {  // "[2,3]"
   return absl::StrCat("[", absl::StrJoin(shape.dim_sizes(), ","), "]");
 }
 
@@ -123,13 +126,102 @@ void AdviseHugePages(char* data, int64_t bytes) {
 #endif
 }
 
-bool MatchesDecl(const TensorShape& shape, const InputDecl& decl) {
+bool MatchesDecl(const TensorShape& shape, const ShapeDecl& decl) {
   if (decl.unknown_rank) return true;
   if (shape.dims() != static_cast<int>(decl.dims.size())) return false;
   for (int d = 0; d < shape.dims(); ++d) {
     if (decl.dims[d] >= 0 && decl.dims[d] != shape.dim_size(d)) return false;
   }
   return true;
+}
+
+ShapeHandle MakeShape(InferenceContext* c, const ShapeDecl& decl) {
+  if (decl.unknown_rank) return c->UnknownShape();
+  std::vector<DimensionHandle> dims;
+  for (int64_t d : decl.dims) dims.push_back(d < 0 ? c->UnknownDim() : c->MakeDim(d));
+  return c->MakeShape(dims);
+}
+
+// Element count of a fully defined shape, -1 otherwise.
+int64_t KnownElements(InferenceContext* c, ShapeHandle shape) {
+  if (!c->FullyDefined(shape)) return -1;
+  int64_t n = 1;
+  for (int d = 0; d < c->Rank(shape); ++d) n *= c->Value(c->Dim(shape, d));
+  return n;
+}
+
+// A view (known rank, at most one "?") of something with `count` elements (-1: unknown): the "?"
+// is resolved when the count is known.
+absl::Status ResolveView(InferenceContext* c, const ShapeDecl& view, int64_t count,
+                         const std::string& what, ShapeHandle* out) {
+  int64_t known = 1;
+  int unknown = -1;
+  for (size_t d = 0; d < view.dims.size(); ++d) {
+    if (view.dims[d] < 0) {
+      unknown = static_cast<int>(d);
+    } else {
+      known *= view.dims[d];
+    }
+  }
+  std::vector<DimensionHandle> dims;
+  for (size_t d = 0; d < view.dims.size(); ++d) {
+    if (view.dims[d] >= 0) {
+      dims.push_back(c->MakeDim(view.dims[d]));
+    } else if (count >= 0 && known > 0 && count % known == 0) {
+      dims.push_back(c->MakeDim(count / known));
+    } else {
+      dims.push_back(c->UnknownDim());
+    }
+  }
+  const bool fits = count < 0 ||
+                    (unknown >= 0 ? (known == 0 ? count == 0 : count % known == 0)
+                                  : known == count);
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", count,
+                                                   " elements, which do not fit the view ",
+                                                   ShapeString(view)));
+  }
+  *out = c->MakeShape(dims);
+  return absl::OkStatus();
+}
+
+// The numpy broadcast of the views, as far as it is known: a dimension is known when some view
+// has it known and not 1 (the others must agree or be 1), or when every view has it known.
+absl::Status BroadcastViews(InferenceContext* c, const std::vector<ShapeHandle>& views,
+                            ShapeHandle* out) {
+  int rank = 0;
+  for (ShapeHandle v : views) {
+    if (!c->RankKnown(v)) {
+      *out = c->UnknownShape();
+      return absl::OkStatus();
+    }
+    rank = std::max(rank, c->Rank(v));
+  }
+  std::vector<DimensionHandle> dims;
+  for (int a = 0; a < rank; ++a) {
+    int64_t size = 1;
+    bool unknown = false;
+    for (size_t j = 0; j < views.size(); ++j) {
+      const int offset = rank - c->Rank(views[j]);
+      if (a < offset) continue;
+      DimensionHandle d = c->Dim(views[j], a - offset);
+      if (!c->ValueKnown(d)) {
+        unknown = true;
+        continue;
+      }
+      const int64_t v = c->Value(d);
+      if (v == 1) continue;
+      if (size != 1 && size != v) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the input views do not broadcast: dimension ", a - rank, " is ", size,
+            " in one and ", v, " in input ", j, " (", c->DebugString(views[j]), ")"));
+      }
+      size = v;
+    }
+    dims.push_back(size == 1 && unknown ? c->UnknownDim() : c->MakeDim(size));
+  }
+  *out = c->MakeShape(dims);
+  return absl::OkStatus();
 }
 
 absl::Status InferShapes(InferenceContext* c) {
@@ -140,27 +232,52 @@ absl::Status InferShapes(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->GetAttr("Tout", &tout));
   Program program;
   TF_RETURN_IF_ERROR(LoadProgram(text, tin, tout, "AutofuseKernel", &program));
-  // Elementwise: every input and output has one shape, narrowed by every declaration.
-  ShapeHandle merged = c->UnknownShape();
+  // Every input narrowed by its declaration, then read through its view.
+  std::vector<ShapeHandle> views(c->num_inputs());
   for (int j = 0; j < c->num_inputs(); ++j) {
     const InputDecl& decl = program.inputs[j];
-    ShapeHandle declared = c->UnknownShape();
-    if (!decl.unknown_rank) {
-      std::vector<DimensionHandle> dims;
-      for (int64_t d : decl.dims) dims.push_back(d < 0 ? c->UnknownDim() : c->MakeDim(d));
-      declared = c->MakeShape(dims);
-    }
     ShapeHandle input;
-    absl::Status status = c->Merge(c->input(j), declared, &input);
-    if (status.ok()) status = c->Merge(merged, input, &merged);
+    absl::Status status = c->Merge(c->input(j), MakeShape(c, decl.shape), &input);
     if (!status.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "AutofuseKernel: input ", j, " has shape ", c->DebugString(c->input(j)),
-          ", which does not match the program's in", j, ": ", DeclString(decl),
-          " or the other inputs (an elementwise program needs one shape): ", status.message()));
+          ", which does not match the program's in", j, ": ", DeclString(decl), ": ",
+          status.message()));
+    }
+    views[j] = input;
+    if (decl.has_view) {
+      status = ResolveView(c, decl.view, KnownElements(c, input),
+                           absl::StrCat("input ", j, " of shape ", c->DebugString(input)),
+                           &views[j]);
+      if (!status.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "AutofuseKernel: ", status.message(), " (in", j, ": ", DeclString(decl), ")"));
+      }
     }
   }
-  for (int k = 0; k < c->num_outputs(); ++k) c->set_output(k, merged);
+  ShapeHandle iteration;
+  absl::Status status = BroadcastViews(c, views, &iteration);
+  if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat("AutofuseKernel: ", status.message()));
+  ShapeHandle reduced = iteration;
+  if (program.has_reductions() && c->RankKnown(iteration)) {
+    for (int a : program.axes) {
+      TF_RETURN_IF_ERROR(c->ReplaceDim(reduced, a, c->MakeDim(1), &reduced));
+    }
+  }
+  for (int k = 0; k < c->num_outputs(); ++k) {
+    const Output& out = program.outputs[k];
+    ShapeHandle shape = program.OutputReduced(k) ? reduced : iteration;
+    if (out.has_view) {
+      status = ResolveView(c, out.view, KnownElements(c, shape),
+                           absl::StrCat("program line ", out.line, ": out", k, " of shape ",
+                                        c->DebugString(shape)),
+                           &shape);
+      if (!status.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("AutofuseKernel: ", status.message()));
+      }
+    }
+    c->set_output(k, shape);
+  }
   return absl::OkStatus();
 }
 
@@ -178,20 +295,22 @@ class AutofuseKernelOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Program& program = interpreter_->program();
-    const TensorShape& shape = ctx->input(0).shape();
+    std::vector<std::vector<int64_t>> shapes(ctx->num_inputs());
     for (int j = 0; j < ctx->num_inputs(); ++j) {
       const TensorShape& input_shape = ctx->input(j).shape();
-      OP_REQUIRES(ctx, MatchesDecl(input_shape, program.inputs[j]),
+      OP_REQUIRES(ctx, MatchesDecl(input_shape, program.inputs[j].shape),
                   absl::InvalidArgumentError(absl::StrCat(
                       "AutofuseKernel '", name(), "': input ", j, " has shape ",
                       ShapeString(input_shape), " but the program declares in", j, ": ",
                       DeclString(program.inputs[j]))));
-      OP_REQUIRES(ctx, input_shape == shape,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "AutofuseKernel '", name(), "': input ", j, " has shape ",
-                      ShapeString(input_shape), " but input 0 has shape ", ShapeString(shape),
-                      "; an elementwise program needs equal shapes")));
+      const auto dims = input_shape.dim_sizes();
+      shapes[j].assign(dims.begin(), dims.end());
     }
+    RunShape run;
+    const absl::Status status = interpreter_->Prepare(shapes, &run);
+    OP_REQUIRES(ctx, status.ok(),
+                absl::InvalidArgumentError(
+                    absl::StrCat("AutofuseKernel '", name(), "': ", status.message())));
 
     IoBuffers io;
     io.inputs.resize(ctx->num_inputs());
@@ -200,29 +319,33 @@ class AutofuseKernelOp : public OpKernel {
       io.inputs[j] = ctx->input(j).tensor_data().data();
     }
     for (int k = 0; k < ctx->num_outputs(); ++k) {
+      const TensorShape shape(run.outputs[k]);
+      // Only an input of exactly the output's shape (and dtype, and not broadcast).
+      std::vector<int> candidates;
+      for (int j : interpreter_->ForwardableInputs(run, k)) {
+        if (ctx->input(j).shape() == shape) candidates.push_back(j);
+      }
       Tensor* output = nullptr;
       int forwarded = -1;
-      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
-                              interpreter_->ForwardableInputs(k), k, shape, &output,
-                              &forwarded));
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(candidates, k, shape, &output,
+                                                                &forwarded));
       io.outputs[k] = const_cast<char*>(output->tensor_data().data());
       if (forwarded < 0) AdviseHugePages(io.outputs[k], output->TotalBytes());
     }
 
-    const int64_t n = shape.num_elements();
-    if (n == 0) return;
-    const int64_t num_tiles = interpreter_->NumTiles(n);
+    const int64_t num_items = interpreter_->NumItems(run);
+    if (num_items == 0) return;
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-    if (n * interpreter_->CostPerElement() < kInlineCost || num_tiles == 1 ||
-        workers == nullptr || workers->NumThreads() <= 1) {
-      interpreter_->RunTiles(io, n, 0, num_tiles);
+    if (interpreter_->TotalCost(run) < kInlineCost || num_items == 1 || workers == nullptr ||
+        workers->NumThreads() <= 1) {
+      interpreter_->RunItems(run, io, 0, num_items);
       return;
     }
     workers->ParallelFor(
-        num_tiles,
+        num_items,
         tensorflow::thread::ThreadPool::SchedulingParams::Adaptive(
-            interpreter_->CostPerTile()),
-        [&](int64_t first, int64_t last) { interpreter_->RunTiles(io, n, first, last); });
+            interpreter_->CostPerItem(run)),
+        [&](int64_t first, int64_t last) { interpreter_->RunItems(run, io, first, last); });
   }
 
  private:

@@ -7,6 +7,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -14,43 +15,73 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 
 namespace tf_autofuse {
 namespace {
 
 constexpr OpInfo kOps[] = {
-    {OpCode::kAbs, "Abs", 1, true, 1},
-    {OpCode::kNeg, "Neg", 1, true, 1},
-    {OpCode::kRelu, "Relu", 1, true, 1},
-    {OpCode::kRelu6, "Relu6", 1, true, 1},
-    {OpCode::kElu, "Elu", 1, false, 5},
-    {OpCode::kSelu, "Selu", 1, false, 5},
-    {OpCode::kExp, "Exp", 1, false, 2},
-    {OpCode::kExpm1, "Expm1", 1, false, 5},
-    {OpCode::kLog, "Log", 1, false, 2},
-    {OpCode::kLog1p, "Log1p", 1, false, 3},
-    {OpCode::kSqrt, "Sqrt", 1, false, 1},
-    {OpCode::kRsqrt, "Rsqrt", 1, false, 1},
-    {OpCode::kSquare, "Square", 1, true, 1},
-    {OpCode::kReciprocal, "Reciprocal", 1, false, 1},
-    {OpCode::kSigmoid, "Sigmoid", 1, false, 2},
-    {OpCode::kTanh, "Tanh", 1, false, 1},
-    {OpCode::kSoftplus, "Softplus", 1, false, 5},
-    {OpCode::kSoftsign, "Softsign", 1, false, 1},
-    {OpCode::kSign, "Sign", 1, true, 1},
-    {OpCode::kFloor, "Floor", 1, false, 1},
-    {OpCode::kCeil, "Ceil", 1, false, 1},
-    {OpCode::kRound, "Round", 1, false, 1},
-    {OpCode::kErf, "Erf", 1, false, 1},
-    {OpCode::kSin, "Sin", 1, false, 2},
-    {OpCode::kCos, "Cos", 1, false, 2},
-    {OpCode::kAdd, "Add", 2, true, 1},
-    {OpCode::kSub, "Sub", 2, true, 1},
-    {OpCode::kMul, "Mul", 2, true, 1},
-    {OpCode::kDiv, "Div", 2, false, 1},
-    {OpCode::kMaximum, "Maximum", 2, true, 1},
-    {OpCode::kMinimum, "Minimum", 2, true, 1},
-    {OpCode::kSquaredDifference, "SquaredDifference", 2, true, 1},
+    {OpCode::kAbs, "Abs", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kNeg, "Neg", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kRelu, "Relu", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kRelu6, "Relu6", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kElu, "Elu", 1, kFloatTypes, ResultKind::kSame, 5},
+    {OpCode::kSelu, "Selu", 1, kFloatTypes, ResultKind::kSame, 5},
+    {OpCode::kExp, "Exp", 1, kFloatTypes, ResultKind::kSame, 2},
+    {OpCode::kExpm1, "Expm1", 1, kFloatTypes, ResultKind::kSame, 5},
+    {OpCode::kLog, "Log", 1, kFloatTypes, ResultKind::kSame, 2},
+    {OpCode::kLog1p, "Log1p", 1, kFloatTypes, ResultKind::kSame, 3},
+    {OpCode::kSqrt, "Sqrt", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kRsqrt, "Rsqrt", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kSquare, "Square", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kReciprocal, "Reciprocal", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kSigmoid, "Sigmoid", 1, kFloatTypes, ResultKind::kSame, 2},
+    {OpCode::kTanh, "Tanh", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kSoftplus, "Softplus", 1, kFloatTypes, ResultKind::kSame, 5},
+    {OpCode::kSoftsign, "Softsign", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kSign, "Sign", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kFloor, "Floor", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kCeil, "Ceil", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kRound, "Round", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kErf, "Erf", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kSin, "Sin", 1, kFloatTypes, ResultKind::kSame, 2},
+    {OpCode::kCos, "Cos", 1, kFloatTypes, ResultKind::kSame, 2},
+    {OpCode::kTan, "Tan", 1, kFloatTypes, ResultKind::kSame, 4},
+    {OpCode::kAtan, "Atan", 1, kFloatTypes, ResultKind::kSame, 8},
+    {OpCode::kSinh, "Sinh", 1, kFloatTypes, ResultKind::kSame, 5},
+    {OpCode::kCosh, "Cosh", 1, kFloatTypes, ResultKind::kSame, 5},
+    {OpCode::kLeakyRelu, "LeakyRelu", 1, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kZerosLike, "ZerosLike", 1, kFloatTypes | kI32Type | kBoolType, ResultKind::kSame, 1},
+    {OpCode::kOnesLike, "OnesLike", 1, kFloatTypes | kI32Type | kBoolType, ResultKind::kSame, 1},
+    {OpCode::kLogicalNot, "LogicalNot", 1, kBoolType, ResultKind::kSame, 1},
+    {OpCode::kIsNan, "IsNan", 1, kFloatTypes, ResultKind::kBool, 1},
+    {OpCode::kIsInf, "IsInf", 1, kFloatTypes, ResultKind::kBool, 1},
+    {OpCode::kIsFinite, "IsFinite", 1, kFloatTypes, ResultKind::kBool, 1},
+    {OpCode::kCast, "Cast", 1, kFloatTypes, ResultKind::kCastTo, 1},
+    {OpCode::kAdd, "Add", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kSub, "Sub", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kMul, "Mul", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kDiv, "Div", 2, kFloatTypes, ResultKind::kSame, 1},
+    {OpCode::kPow, "Pow", 2, kFloatTypes, ResultKind::kSame, 12},
+    {OpCode::kFloorDiv, "FloorDiv", 2, kFloatTypes, ResultKind::kSame, 2},
+    {OpCode::kFloorMod, "FloorMod", 2, kFloatTypes, ResultKind::kSame, 3},
+    {OpCode::kMaximum, "Maximum", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kMinimum, "Minimum", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kSquaredDifference, "SquaredDifference", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kLogicalAnd, "LogicalAnd", 2, kBoolType, ResultKind::kSame, 1},
+    {OpCode::kLogicalOr, "LogicalOr", 2, kBoolType, ResultKind::kSame, 1},
+    {OpCode::kGreater, "Greater", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
+    {OpCode::kGreaterEqual, "GreaterEqual", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
+    {OpCode::kLess, "Less", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
+    {OpCode::kLessEqual, "LessEqual", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
+    {OpCode::kEqual, "Equal", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
+    {OpCode::kNotEqual, "NotEqual", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
+    {OpCode::kSelect, "Select", 3, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kSum, "Sum", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kMean, "Mean", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kMax, "Max", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kMin, "Min", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+    {OpCode::kProd, "Prod", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
 };
 
 // GetOpInfo indexes this table by OpCode.
@@ -62,7 +93,7 @@ constexpr bool TableFollowsOpCodes() {
 }
 static_assert(TableFollowsOpCodes(), "kOps must list the ops in OpCode order");
 static_assert(sizeof(kOps) / sizeof(kOps[0]) ==
-                  static_cast<int>(OpCode::kSquaredDifference) + 1,
+                  static_cast<int>(OpCode::kProd) + 1,
               "kOps must list every OpCode");
 
 struct DTypeSpelling {
@@ -72,7 +103,7 @@ struct DTypeSpelling {
 };
 constexpr DTypeSpelling kDTypes[] = {
     {DType::kF16, "f16", 2}, {DType::kBF16, "bf16", 2}, {DType::kF32, "f32", 4},
-    {DType::kF64, "f64", 8}, {DType::kI32, "i32", 4},
+    {DType::kF64, "f64", 8}, {DType::kI32, "i32", 4}, {DType::kBool, "bool", 1},
 };
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
@@ -115,6 +146,45 @@ bool ParseLiteral(absl::string_view text, double* value) {
   return result.ec == std::errc() && result.ptr == end;
 }
 
+// "[dims]" with dims "", "*" or sizes and "?" separated by ","; false with *error set if not.
+bool ParseShape(absl::string_view text, ShapeDecl* shape, std::string* error) {
+  if (text.size() < 2 || text.front() != '[' || text.back() != ']') {
+    *error = absl::StrCat("expected a shape [dims], got '", text, "'");
+    return false;
+  }
+  absl::string_view dims = text.substr(1, text.size() - 2);
+  *shape = ShapeDecl();
+  if (dims == "*") {
+    shape->unknown_rank = true;
+    return true;
+  }
+  if (dims.empty()) return true;
+  for (absl::string_view dim : absl::StrSplit(dims, ',')) {
+    int64_t size = -1;
+    if (dim != "?") {
+      int value;
+      if (!ParseIndex(dim, &value)) {
+        *error = absl::StrCat("bad dimension '", dim, "' (expected a size or ?)");
+        return false;
+      }
+      size = value;
+    }
+    shape->dims.push_back(size);
+  }
+  return true;
+}
+
+// Element count of a fully known shape, -1 otherwise.
+int64_t KnownElements(const ShapeDecl& shape) {
+  if (shape.unknown_rank) return -1;
+  int64_t n = 1;
+  for (int64_t d : shape.dims) {
+    if (d < 0) return -1;
+    n *= d;
+  }
+  return n;
+}
+
 class Parser {
  public:
   explicit Parser(Program* program) : program_(program) {}
@@ -122,11 +192,10 @@ class Parser {
   absl::Status Parse(absl::string_view text) {
     if (text.empty()) return absl::InvalidArgumentError("program: the program text is empty");
     if (text.back() == '\n') text.remove_suffix(1);
-    std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+    lines_ = absl::StrSplit(text, '\n');
     // Sections in order: inputs, instructions, outputs.
-    for (size_t i = 0; i < lines.size(); ++i) {
-      line_number_ = static_cast<int>(i) + 1;
-      line_ = lines[i];
+    for (size_t i = 0; i < lines_.size(); ++i) {
+      SetLine(static_cast<int>(i) + 1);
       absl::Status status;
       if (line_.empty()) {
         status = Error("blank line");
@@ -143,21 +212,36 @@ class Parser {
       }
       if (!status.ok()) return status;
     }
-    line_number_ = static_cast<int>(lines.size());
-    line_ = lines.back();
+    SetLine(static_cast<int>(lines_.size()));
     if (program_->inputs.empty()) return Error("the program declares no input");
     if (program_->instructions.empty()) return Error("the program has no instruction");
     if (program_->outputs.empty()) return Error("the program has no output");
-    return CheckDeclaredShapesAgree();
+    absl::Status status = CheckViewsBroadcast();
+    if (status.ok()) status = Classify();
+    return status;
   }
 
  private:
+  void SetLine(int number) {
+    line_number_ = number;
+    line_ = lines_[number - 1];
+  }
+
   absl::Status Error(absl::string_view what) const {
     return absl::InvalidArgumentError(
         absl::StrCat("program line ", line_number_, " `", line_, "`: ", what));
   }
 
-  // inK: DTYPE[dims]
+  // A view: known rank, at most one "?".
+  absl::Status CheckView(const ShapeDecl& view) const {
+    if (view.unknown_rank) return Error("a view must have a known rank (no [*])");
+    int unknown = 0;
+    for (int64_t d : view.dims) unknown += d < 0;
+    if (unknown > 1) return Error("a view may have at most one ? (resolved from the element count)");
+    return absl::OkStatus();
+  }
+
+  // inK: DTYPE[dims]( -> [view])?
   absl::Status ParseInputDecl() {
     if (!program_->instructions.empty() || !program_->outputs.empty()) {
       return Error("input declarations must come before all instructions and outputs");
@@ -171,36 +255,41 @@ class Parser {
     }
     absl::string_view rest = line_.substr(colon + 1);
     if (!absl::ConsumePrefix(&rest, " ")) return Error("expected a space after ':'");
+    InputDecl decl;
+    absl::string_view view_text;
+    const size_t arrow = rest.find(" -> ");
+    if (arrow != absl::string_view::npos) {
+      view_text = rest.substr(arrow + 4);
+      rest = rest.substr(0, arrow);
+      decl.has_view = true;
+    }
     const size_t open = rest.find('[');
     if (open == absl::string_view::npos || rest.back() != ']') {
       return Error("expected DTYPE[dims], e.g. f32[128,?]");
     }
-    InputDecl decl;
     if (!ParseDType(rest.substr(0, open), &decl.dtype)) {
       return Error(absl::StrCat("unknown dtype '", rest.substr(0, open),
-                                "' (expected f16, bf16, f32, f64 or i32)"));
+                                "' (expected f16, bf16, f32, f64, i32 or bool)"));
     }
-    absl::string_view dims = rest.substr(open + 1, rest.size() - open - 2);
-    if (dims == "*") {
-      decl.unknown_rank = true;
-    } else if (!dims.empty()) {
-      for (absl::string_view dim : absl::StrSplit(dims, ',')) {
-        int64_t size = -1;
-        if (dim != "?") {
-          int value;
-          if (!ParseIndex(dim, &value)) {
-            return Error(absl::StrCat("bad dimension '", dim, "' (expected a size or ?)"));
-          }
-          size = value;
-        }
-        decl.dims.push_back(size);
+    std::string error;
+    if (!ParseShape(rest.substr(open), &decl.shape, &error)) return Error(error);
+    if (decl.has_view) {
+      if (!ParseShape(view_text, &decl.view, &error)) return Error(error);
+      absl::Status status = CheckView(decl.view);
+      if (!status.ok()) return status;
+      const int64_t from = KnownElements(decl.shape);
+      const int64_t to = KnownElements(decl.view);
+      if (from >= 0 && to >= 0 && from != to) {
+        return Error(absl::StrCat("the view ", ShapeString(decl.view), " has ", to,
+                                  " elements but the tensor ", ShapeString(decl.shape), " has ",
+                                  from));
       }
     }
     program_->inputs.push_back(std::move(decl));
     return absl::OkStatus();
   }
 
-  // A reference (inK / %K) or literal; `where` says which instruction for messages.
+  // A reference (inK / %K) or literal, for the instruction numbered `instruction_index`.
   absl::Status ParseOperand(absl::string_view token, int instruction_index, Operand* operand) {
     if (token.size() >= 3 && absl::StartsWith(token, "in") && IsDigit(token[2])) {
       operand->kind = Operand::Kind::kInput;
@@ -223,9 +312,14 @@ class Parser {
       return absl::OkStatus();
     }
     operand->kind = Operand::Kind::kImmediate;
+    if (token == "true" || token == "false") {
+      operand->is_bool = true;
+      operand->immediate = token == "true" ? 1.0 : 0.0;
+      return absl::OkStatus();
+    }
     if (!ParseLiteral(token, &operand->immediate)) {
       return Error(absl::StrCat("bad operand '", token,
-                                "' (expected inK, %K or a decimal literal)"));
+                                "' (expected inK, %K, a decimal literal, true or false)"));
     }
     return absl::OkStatus();
   }
@@ -256,6 +350,7 @@ class Parser {
 
     // Operands, separated by ", "; then attributes, separated by " ".
     std::vector<absl::string_view> operand_tokens;
+    std::vector<std::pair<absl::string_view, absl::string_view>> attrs;
     while (true) {
       const size_t end = rest.find_first_of(", ");
       operand_tokens.push_back(rest.substr(0, end));
@@ -294,56 +389,166 @@ class Parser {
       if (attr_eq == absl::string_view::npos || attr_eq == 0) {
         return Error(absl::StrCat("bad attribute '", attr, "' (expected key=value)"));
       }
-      inst.attrs.emplace_back(std::string(attr.substr(0, attr_eq)),
-                              std::string(attr.substr(attr_eq + 1)));
+      attrs.emplace_back(attr.substr(0, attr_eq), attr.substr(attr_eq + 1));
       rest.remove_prefix(end);
       if (absl::ConsumePrefix(&rest, " ") && rest.empty()) return Error("trailing space");
     }
-    if (!inst.attrs.empty()) {
-      return Error(absl::StrCat(info.name, " takes no attribute, got '", inst.attrs[0].first,
-                                "'"));
-    }
-    absl::Status status = ResolveDType(&inst);
+    absl::Status status = ParseAttrs(attrs, &inst);
+    if (status.ok()) status = ResolveDType(&inst);
     if (!status.ok()) return status;
     program_->instructions.push_back(std::move(inst));
     return absl::OkStatus();
   }
 
-  // The instruction's dtype is that of its non-immediate operands, which must agree; the op
-  // must allow it and every immediate must be representable in it.
-  absl::Status ResolveDType(Instruction* inst) {
+  // The attributes an op takes: alpha= (LeakyRelu, optional, 0.2 as in TensorFlow), to= (Cast),
+  // axes= (reductions); nothing else.
+  absl::Status ParseAttrs(
+      const std::vector<std::pair<absl::string_view, absl::string_view>>& attrs,
+      Instruction* inst) {
     const OpInfo& info = GetOpInfo(inst->op);
-    bool found = false;
-    for (int i = 0; i < inst->num_operands; ++i) {
-      const Operand& operand = inst->operands[i];
-      if (operand.kind == Operand::Kind::kImmediate) continue;
-      const DType dtype = program_->OperandDType(operand);
-      if (found && dtype != inst->dtype) {
-        return Error(absl::StrCat(info.name, " mixes dtypes ", DTypeName(inst->dtype), " and ",
-                                  DTypeName(dtype)));
+    const char* wanted = inst->op == OpCode::kLeakyRelu ? "alpha"
+                         : inst->op == OpCode::kCast    ? "to"
+                         : IsReduction(inst->op)        ? "axes"
+                                                        : nullptr;
+    bool seen = false;
+    for (const auto& [key, value] : attrs) {
+      if (wanted == nullptr) {
+        return Error(absl::StrCat(info.name, " takes no attribute, got '", key, "'"));
       }
-      inst->dtype = dtype;
-      found = true;
-    }
-    if (!found) {
-      return Error(absl::StrCat(info.name, " needs at least one operand that is not an immediate"));
-    }
-    if (inst->dtype == DType::kI32 && !info.allows_i32) {
-      return Error(absl::StrCat(info.name, " does not allow dtype i32 (only f16, bf16, f32, f64)"));
-    }
-    for (int i = 0; i < inst->num_operands; ++i) {
-      const Operand& operand = inst->operands[i];
-      if (operand.kind != Operand::Kind::kImmediate || inst->dtype != DType::kI32) continue;
-      const double v = operand.immediate;
-      if (!(v == std::floor(v) && v >= std::numeric_limits<int32_t>::min() &&
-            v <= std::numeric_limits<int32_t>::max())) {
-        return Error(absl::StrCat("immediate ", v, " is not an i32"));
+      if (key != wanted) {
+        return Error(absl::StrCat(info.name, " takes the attribute ", wanted, "=, got '", key,
+                                  "'"));
       }
+      if (seen) return Error(absl::StrCat("attribute ", key, "= given twice"));
+      seen = true;
+      if (inst->op == OpCode::kLeakyRelu) {
+        if (!ParseLiteral(value, &inst->alpha)) {
+          return Error(absl::StrCat("bad alpha '", value, "' (expected a decimal literal)"));
+        }
+      } else if (inst->op == OpCode::kCast) {
+        if (!ParseDType(value, &inst->to) || !IsFloat(inst->to)) {
+          return Error(absl::StrCat("bad to='", value, "' (expected f16, bf16, f32 or f64)"));
+        }
+      } else {
+        absl::Status status = ParseAxes(value, &inst->axes);
+        if (!status.ok()) return status;
+      }
+    }
+    if (!seen && wanted != nullptr && inst->op != OpCode::kLeakyRelu) {
+      return Error(absl::StrCat(info.name, " needs the attribute ", wanted, "="));
     }
     return absl::OkStatus();
   }
 
-  // outK = %K | inK
+  // [a,b,...]: non-negative, increasing, consecutive, not empty; the same in every reduction.
+  absl::Status ParseAxes(absl::string_view value, std::vector<int>* axes) {
+    if (value.size() < 3 || value.front() != '[' || value.back() != ']') {
+      return Error(absl::StrCat("bad axes '", value, "' (expected e.g. [1] or [1,2])"));
+    }
+    for (absl::string_view token : absl::StrSplit(value.substr(1, value.size() - 2), ',')) {
+      token = absl::StripAsciiWhitespace(token);
+      int axis;
+      if (!ParseIndex(token, &axis)) {
+        return Error(absl::StrCat("bad axis '", token, "' in axes ", value,
+                                  " (expected non-negative integers)"));
+      }
+      if (!axes->empty() && axis != axes->back() + 1) {
+        return Error(absl::StrCat("axes ", value, " are not increasing and consecutive"));
+      }
+      axes->push_back(axis);
+    }
+    if (!program_->axes.empty() && *axes != program_->axes) {
+      return Error(absl::StrCat("axes ", value, " differ from the axes [",
+                                absl::StrJoin(program_->axes, ","),
+                                "] of an earlier reduction (every reduction of a program must "
+                                "reduce the same axes)"));
+    }
+    program_->axes = *axes;
+    return absl::OkStatus();
+  }
+
+  static const char* ClassName(uint8_t dtypes) {
+    switch (dtypes) {
+      case kFloatTypes: return "f16, bf16, f32, f64";
+      case kFloatTypes | kI32Type: return "f16, bf16, f32, f64, i32";
+      case kFloatTypes | kI32Type | kBoolType: return "f16, bf16, f32, f64, i32, bool";
+      case kBoolType: return "bool";
+      default: return "?";
+    }
+  }
+
+  static bool Allows(uint8_t dtypes, DType dtype) {
+    switch (dtype) {
+      case DType::kI32: return (dtypes & kI32Type) != 0;
+      case DType::kBool: return (dtypes & kBoolType) != 0;
+      default: return (dtypes & kFloatTypes) != 0;
+    }
+  }
+
+  // The dtype of the non-immediate operands (Select: of x and y; its condition is bool) must
+  // agree and be allowed by the op; every immediate must be representable in the dtype of its
+  // position. The value's dtype follows from the op (PROGRAM.md, Semantics).
+  absl::Status ResolveDType(Instruction* inst) {
+    const OpInfo& info = GetOpInfo(inst->op);
+    const int first = inst->op == OpCode::kSelect ? 1 : 0;
+    if (first == 1) {
+      const Operand& cond = inst->operands[0];
+      if (cond.kind == Operand::Kind::kImmediate ? !cond.is_bool
+                                                 : program_->OperandDType(cond) != DType::kBool) {
+        return Error(absl::StrCat("the condition of Select must be bool, got ",
+                                  cond.kind == Operand::Kind::kImmediate
+                                      ? "a number"
+                                      : DTypeName(program_->OperandDType(cond))));
+      }
+    }
+    bool found = false;
+    for (int i = first; i < inst->num_operands; ++i) {
+      const Operand& operand = inst->operands[i];
+      if (operand.kind == Operand::Kind::kImmediate) continue;
+      const DType dtype = program_->OperandDType(operand);
+      if (found && dtype != inst->operand_dtype) {
+        return Error(absl::StrCat(info.name, " mixes dtypes ", DTypeName(inst->operand_dtype),
+                                  " and ", DTypeName(dtype)));
+      }
+      inst->operand_dtype = dtype;
+      found = true;
+    }
+    if (!found) {
+      return Error(absl::StrCat(info.name, " needs at least one operand that is not an immediate",
+                                first == 1 ? " besides its condition" : ""));
+    }
+    const DType t = inst->operand_dtype;
+    if (!Allows(info.dtypes, t)) {
+      return Error(absl::StrCat(info.name, " does not allow dtype ", DTypeName(t), " (only ",
+                                ClassName(info.dtypes), ")"));
+    }
+    for (int i = first; i < inst->num_operands; ++i) {
+      const Operand& operand = inst->operands[i];
+      if (operand.kind != Operand::Kind::kImmediate) continue;
+      const double v = operand.immediate;
+      if (t == DType::kBool) {
+        if (!operand.is_bool) return Error(absl::StrCat("immediate ", v, " is not a bool"));
+        continue;
+      }
+      if (operand.is_bool) {
+        return Error(absl::StrCat("immediate ", v != 0 ? "true" : "false", " is not a ",
+                                  DTypeName(t)));
+      }
+      if (t == DType::kI32 &&
+          !(v == std::floor(v) && v >= std::numeric_limits<int32_t>::min() &&
+            v <= std::numeric_limits<int32_t>::max())) {
+        return Error(absl::StrCat("immediate ", v, " is not an i32"));
+      }
+    }
+    switch (info.result) {
+      case ResultKind::kSame: inst->dtype = t; break;
+      case ResultKind::kBool: inst->dtype = DType::kBool; break;
+      case ResultKind::kCastTo: inst->dtype = inst->to; break;
+    }
+    return absl::OkStatus();
+  }
+
+  // outK = %K | inK ( -> [shape])?
   absl::Status ParseOutput() {
     const size_t eq = line_.find(" = ");
     int index;
@@ -355,45 +560,116 @@ class Parser {
                                 " (outputs are numbered from 0, in order)"));
     }
     if (program_->instructions.empty()) return Error("output before any instruction");
-    Operand operand;
-    const absl::string_view token = line_.substr(eq + 3);
-    absl::Status status = ParseOperand(token, static_cast<int>(program_->instructions.size()),
-                                       &operand);
+    Output output;
+    output.line = line_number_;
+    absl::string_view token = line_.substr(eq + 3);
+    const size_t arrow = token.find(" -> ");
+    if (arrow != absl::string_view::npos) {
+      std::string error;
+      if (!ParseShape(token.substr(arrow + 4), &output.view, &error)) return Error(error);
+      absl::Status status = CheckView(output.view);
+      if (!status.ok()) return status;
+      output.has_view = true;
+      token = token.substr(0, arrow);
+    }
+    absl::Status status = ParseOperand(
+        token, static_cast<int>(program_->instructions.size()), &output.operand);
     if (!status.ok()) return status;
-    if (operand.kind == Operand::Kind::kImmediate) {
+    if (output.operand.kind == Operand::Kind::kImmediate) {
       return Error("an output must name a value (%K) or an input (inK), not a literal");
     }
-    program_->outputs.push_back(operand);
+    program_->outputs.push_back(std::move(output));
     return absl::OkStatus();
   }
 
-  // Elementwise programs: the declared input shapes must describe one shape.
-  absl::Status CheckDeclaredShapesAgree() {
-    const InputDecl* ranked = nullptr;
-    std::vector<int64_t> merged;
+  // The input views must broadcast (right-aligned, a known 1 stretches) as far as they are
+  // known.
+  absl::Status CheckViewsBroadcast() {
+    std::vector<int64_t> merged;  // right-aligned: merged[0] is the last dimension
+    std::vector<int> from;        // which input set merged[i]
     for (size_t k = 0; k < program_->inputs.size(); ++k) {
-      const InputDecl& decl = program_->inputs[k];
-      if (decl.unknown_rank) continue;
-      if (ranked == nullptr) {
-        ranked = &decl;
-        merged = decl.dims;
-        continue;
+      const ShapeDecl& shape = program_->inputs[k].read_shape();
+      if (shape.unknown_rank) continue;
+      const int rank = static_cast<int>(shape.dims.size());
+      for (int i = 0; i < rank; ++i) {
+        const int64_t d = shape.dims[rank - 1 - i];
+        if (i >= static_cast<int>(merged.size())) {
+          merged.push_back(d);
+          from.push_back(static_cast<int>(k));
+        } else if (d >= 0 && d != 1) {
+          if (merged[i] >= 0 && merged[i] != 1 && merged[i] != d) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "program: the shapes of in", from[i], ": ", DeclString(program_->inputs[from[i]]),
+                " and in", k, ": ", DeclString(program_->inputs[k]),
+                " do not broadcast (dimension ", -1 - i, ": ", merged[i], " vs ", d, ")"));
+          }
+          merged[i] = d;
+          from[i] = static_cast<int>(k);
+        }
       }
-      bool agree = decl.dims.size() == merged.size();
-      for (size_t d = 0; agree && d < merged.size(); ++d) {
-        if (decl.dims[d] >= 0 && merged[d] >= 0 && decl.dims[d] != merged[d]) agree = false;
-        if (merged[d] < 0) merged[d] = decl.dims[d];
+    }
+    return absl::OkStatus();
+  }
+
+  // Reduced values and levels (PROGRAM.md, Reductions), with the checks that need the whole
+  // program: axes within the iteration rank, reductions of full values only.
+  absl::Status Classify() {
+    Program& p = *program_;
+    if (p.axes.empty()) return absl::OkStatus();
+    int rank = 0;
+    for (size_t k = 0; k < p.inputs.size(); ++k) {
+      const ShapeDecl& shape = p.inputs[k].read_shape();
+      if (shape.unknown_rank) {
+        SetLine(static_cast<int>(k) + 1);
+        return Error("a program with reductions needs inputs of known rank (or a view)");
       }
-      if (!agree) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "program: input declarations ", DeclString(*ranked), " and in", k, ": ",
-            DeclString(decl), " disagree, and an elementwise program needs one shape"));
+      rank = std::max(rank, static_cast<int>(shape.dims.size()));
+    }
+    for (InputDecl& in : p.inputs) {
+      const ShapeDecl& shape = in.read_shape();
+      const int offset = rank - static_cast<int>(shape.dims.size());
+      in.reduced = true;
+      for (int a : p.axes) {
+        if (a >= offset && shape.dims[a - offset] != 1) in.reduced = false;
       }
+    }
+    for (Instruction& inst : p.instructions) {
+      SetLine(inst.line);
+      if (IsReduction(inst.op)) {
+        if (inst.axes.back() >= rank) {
+          return Error(absl::StrCat("axis ", inst.axes.back(), " is out of range for rank ", rank,
+                                    " (the rank of the iteration shape)"));
+        }
+        // A value or input that is 1 along the reduced axes may be reduced: the reduced axes
+        // are then 1 in the iteration shape too (the rewriter never reduces a broadcast
+        // dimension), as in a layer norm over a dimension of size 1.
+        const Operand& x = inst.operands[0];
+        if (x.kind == Operand::Kind::kImmediate) {
+          return Error(absl::StrCat("the operand of ", GetOpInfo(inst.op).name,
+                                    " must be a value or an input, not an immediate"));
+        }
+        inst.reduced = true;
+        inst.of_reduced = x.kind == Operand::Kind::kValue && p.IsReduced(x);
+        inst.level = (x.kind == Operand::Kind::kValue ? p.instructions[x.index].level : 0) +
+                     (inst.of_reduced ? 0 : 1);
+      } else {
+        inst.reduced = true;
+        for (int i = 0; i < inst.num_operands; ++i) {
+          const Operand& x = inst.operands[i];
+          if (x.kind == Operand::Kind::kImmediate) continue;
+          if (!p.IsReduced(x)) inst.reduced = false;
+          if (x.kind == Operand::Kind::kValue) {
+            inst.level = std::max(inst.level, p.instructions[x.index].level);
+          }
+        }
+      }
+      p.num_levels = std::max(p.num_levels, inst.level);
     }
     return absl::OkStatus();
   }
 
   Program* program_;
+  std::vector<absl::string_view> lines_;
   int line_number_ = 0;
   absl::string_view line_;
   int scratch_index_ = 0;
@@ -427,16 +703,17 @@ bool LookupOp(absl::string_view name, OpCode* op) {
   return false;
 }
 
+std::string ShapeString(const ShapeDecl& shape) {
+  if (shape.unknown_rank) return "[*]";
+  return absl::StrCat("[", absl::StrJoin(shape.dims, ",", [](std::string* out, int64_t d) {
+                        absl::StrAppend(out, d < 0 ? std::string("?") : absl::StrCat(d));
+                      }), "]");
+}
+
 std::string DeclString(const InputDecl& decl) {
-  std::string dims;
-  if (decl.unknown_rank) {
-    dims = "*";
-  } else {
-    dims = absl::StrJoin(decl.dims, ",", [](std::string* out, int64_t d) {
-      absl::StrAppend(out, d < 0 ? std::string("?") : absl::StrCat(d));
-    });
-  }
-  return absl::StrCat(DTypeName(decl.dtype), "[", dims, "]");
+  std::string text = absl::StrCat(DTypeName(decl.dtype), ShapeString(decl.shape));
+  if (decl.has_view) absl::StrAppend(&text, " -> ", ShapeString(decl.view));
+  return text;
 }
 
 absl::Status ParseProgram(absl::string_view text, Program* program) {

@@ -2,9 +2,12 @@
 //
 // ParseProgram reads the text IR that an AutofuseKernel node carries in its `program` attr and
 // checks everything the interpreter relies on: inputs, values and outputs numbered from 0 in
-// order, every operand defined above its use, known ops with the right arity, one dtype per
-// instruction that the op allows, immediates representable in that dtype. A program that
-// passes is safe to plan and run; every failure is InvalidArgument naming the line.
+// order, every operand defined above its use, known ops with the right arity and attributes,
+// one dtype per operand position that the op allows, immediates representable in that dtype,
+// well-formed views, and reductions over one list of consecutive axes whose operands are full
+// values. It then classifies every value as full or reduced and gives it a level (the number of
+// reductions it depends on, one after the other). A program that passes is safe to plan and run;
+// every failure is InvalidArgument naming the line.
 //
 // Nothing here depends on TensorFlow, only on absl (which TensorFlow ships).
 
@@ -22,75 +25,146 @@
 
 namespace tf_autofuse {
 
-enum class DType : uint8_t { kF16, kBF16, kF32, kF64, kI32 };
+enum class DType : uint8_t { kF16, kBF16, kF32, kF64, kI32, kBool };
 
-// The IR spelling: "f16", "bf16", "f32", "f64", "i32".
+// The IR spelling: "f16", "bf16", "f32", "f64", "i32", "bool".
 const char* DTypeName(DType dtype);
 // Bytes per element in a tensor of this dtype.
 int DTypeSize(DType dtype);
-inline bool IsFloat(DType dtype) { return dtype != DType::kI32; }
+inline bool IsFloat(DType dtype) { return dtype != DType::kI32 && dtype != DType::kBool; }
 
 enum class OpCode : uint8_t {
-  // unary
+  // unary, T -> T
   kAbs, kNeg, kRelu, kRelu6, kElu, kSelu, kExp, kExpm1, kLog, kLog1p, kSqrt, kRsqrt, kSquare,
   kReciprocal, kSigmoid, kTanh, kSoftplus, kSoftsign, kSign, kFloor, kCeil, kRound, kErf, kSin,
-  kCos,
-  // binary
-  kAdd, kSub, kMul, kDiv, kMaximum, kMinimum, kSquaredDifference,
+  kCos, kTan, kAtan, kSinh, kCosh, kLeakyRelu, kZerosLike, kOnesLike, kLogicalNot,
+  // unary, float -> bool
+  kIsNan, kIsInf, kIsFinite,
+  // unary, float -> float of attr `to`
+  kCast,
+  // binary, T, T -> T
+  kAdd, kSub, kMul, kDiv, kPow, kFloorDiv, kFloorMod, kMaximum, kMinimum, kSquaredDifference,
+  kLogicalAnd, kLogicalOr,
+  // binary, T, T -> bool
+  kGreater, kGreaterEqual, kLess, kLessEqual, kEqual, kNotEqual,
+  // ternary, bool, T, T -> T
+  kSelect,
+  // reductions over attr `axes`
+  kSum, kMean, kMax, kMin, kProd,
 };
+
+// Which dtypes an op's (non-condition) operands may have.
+enum DTypeClass : uint8_t {
+  kFloatTypes = 1,  // f16, bf16, f32, f64
+  kI32Type = 2,
+  kBoolType = 4,
+};
+
+// What an op's value is, given its operands' dtype T.
+enum class ResultKind : uint8_t { kSame, kBool, kCastTo };
 
 // One row of the operator table of PROGRAM.md.
 struct OpInfo {
   OpCode code;
   const char* name;    // IR spelling, e.g. "SquaredDifference"
-  int arity;           // 1 or 2
-  bool allows_i32;     // every op allows the float types; some allow i32 too
+  int arity;           // 1, 2 or 3
+  uint8_t dtypes;      // DTypeClass bits allowed for the operands (Select: its x and y)
+  ResultKind result;
   int cost;            // rough CPU cycles per fp32 element (AVX2), for the thread-pool cost model
 };
 
 const OpInfo& GetOpInfo(OpCode op);
 // Looks up an IR op name; false when unknown.
 bool LookupOp(absl::string_view name, OpCode* op);
+inline bool IsReduction(OpCode op) { return op >= OpCode::kSum; }
 
 // A reference to an input (inK), an instruction's value (%K) or an immediate literal.
 struct Operand {
   enum class Kind : uint8_t { kInput, kValue, kImmediate };
   Kind kind = Kind::kInput;
   int index = 0;         // K of inK / %K
-  double immediate = 0;  // the literal, exactly as parsed (kImmediate)
+  double immediate = 0;  // the literal, exactly as parsed (kImmediate); true/false are 1/0
+  bool is_bool = false;  // the literal was `true` or `false`
+};
+
+// "[128,?]" as parsed: -1 for "?"; unknown_rank for "[*]".
+struct ShapeDecl {
+  bool unknown_rank = false;
+  std::vector<int64_t> dims;
 };
 
 struct InputDecl {
   DType dtype = DType::kF32;
-  bool unknown_rank = false;  // "[*]"
-  std::vector<int64_t> dims;  // -1 for "?"
+  ShapeDecl shape;     // what the rewriter knew of the tensor
+  bool has_view = false;
+  ShapeDecl view;      // " -> [view]": known rank, at most one "?"
+  // The shape the program reads the input as: the view, or the tensor shape.
+  const ShapeDecl& read_shape() const { return has_view ? view : shape; }
+  // Set by the parser in programs with reductions: the view is 1 along every reduced axis, so
+  // the input is a reduced value.
+  bool reduced = false;
 };
 
 struct Instruction {
   OpCode op = OpCode::kAbs;
-  DType dtype = DType::kF32;  // of its non-immediate operands, and of its value
+  DType dtype = DType::kF32;          // of its value
+  DType operand_dtype = DType::kF32;  // of its non-immediate operands (Select: of x and y)
   int num_operands = 0;
-  std::array<Operand, 2> operands;
-  std::vector<std::pair<std::string, std::string>> attrs;  // none allowed by today's ops
-  int line = 0;  // 1-based line in the text, for messages
+  std::array<Operand, 3> operands;
+  double alpha = 0.2;                 // LeakyRelu
+  DType to = DType::kF32;             // Cast
+  std::vector<int> axes;              // reductions
+  bool reduced = false;               // a reduced value (see Reductions in PROGRAM.md)
+  // A reduction of a reduced value: its operand is 1 along the reduced axes, so it is computed
+  // from the operand elementwise (Sum: x * R, Mean, Max, Min: x, Prod: x^R), at the operand's
+  // level. This is what a reduction over dimensions of size 1 becomes.
+  bool of_reduced = false;
+  int level = 0;                      // reductions it depends on, in a chain
+  int line = 0;                       // 1-based line in the text, for messages
+};
+
+struct Output {
+  Operand operand;       // kInput or kValue
+  bool has_view = false;
+  ShapeDecl view;        // " -> [shape]": known rank, at most one "?"
+  int line = 0;
 };
 
 struct Program {
   std::vector<InputDecl> inputs;
   std::vector<Instruction> instructions;
-  std::vector<Operand> outputs;  // kInput or kValue
+  std::vector<Output> outputs;
+  // The reduced axes of every reduction (empty without reductions), and the deepest level.
+  std::vector<int> axes;
+  int num_levels = 0;
 
+  bool has_reductions() const { return num_levels > 0; }
   DType OperandDType(const Operand& operand) const {
     return operand.kind == Operand::Kind::kInput ? inputs[operand.index].dtype
                                                  : instructions[operand.index].dtype;
   }
-  DType OutputDType(int k) const { return OperandDType(outputs[k]); }
+  // A reduced value, or an input read as one.
+  bool IsReduced(const Operand& operand) const {
+    switch (operand.kind) {
+      case Operand::Kind::kInput:
+        return inputs[operand.index].reduced;
+      case Operand::Kind::kValue:
+        return instructions[operand.index].reduced;
+      case Operand::Kind::kImmediate:
+        break;
+    }
+    return false;
+  }
+  DType OutputDType(int k) const { return OperandDType(outputs[k].operand); }
+  bool OutputReduced(int k) const { return IsReduced(outputs[k].operand); }
 };
 
 // Parses and validates `text`. On failure returns InvalidArgument("program line N: ...").
 absl::Status ParseProgram(absl::string_view text, Program* program);
 
-// "f32[128,?]" / "f16[*]" / "i32[]": a declaration as the IR prints it.
+// "[128,?]" / "[*]" / "[]".
+std::string ShapeString(const ShapeDecl& shape);
+// "f32[128,?]" / "f16[*]" / "i32[]" / "f32[16] -> [16,1,1]": a declaration as the IR prints it.
 std::string DeclString(const InputDecl& decl);
 
 }  // namespace tf_autofuse

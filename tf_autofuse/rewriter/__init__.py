@@ -1,9 +1,10 @@
 """The graph rewriter: GraphDef in, GraphDef with AutofuseKernel nodes out. Pure Python.
 
     graph.py      read-only view of the GraphDef
-    catalog.py    the table of supported ops
+    catalog.py    the table of supported ops (IR ops, and how each TF op type lowers)
     partition.py  which nodes fuse (policy, with a reason for every refusal)
-    lower.py      a group -> its FusedProgram (program.py) and its inputs and outputs
+    lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
+    scope.py      disable_autofuse(): the attr that keeps nodes out of every fusion
     naming.py     autofuse_<kind>_<n>_<Op>_<Op>...
     splice.py     the new GraphDef
 """
@@ -17,20 +18,22 @@ from tensorflow.core.framework import graph_pb2
 
 from . import catalog
 from .graph import GraphView, Shape, node_name
-from .lower import keeps_name, lower
-from .naming import NAME_KIND, Namer
-from .partition import Refusal, find_groups
+from .lower import Unfusible, build, keeps_name
+from .naming import Namer
+from .partition import Policy, Refusal, find_groups, plan_recomputation
 from .splice import FUSED_OP, Planned, splice
 
 DEFAULT_MAX_FUSION_SIZE = 64
+DEFAULT_MAX_INPUTS = 8
 
-__all__ = ["Fusion", "Refusal", "Rewrite", "rewrite", "optimize", "FUSED_OP"]
+__all__ = ["Fusion", "Refusal", "Rewrite", "rewrite", "optimize", "policy_from_flags",
+           "FUSED_OP"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Fusion:
     name: str  # the AutofuseKernel node
-    kind: str  # "pointwise"
+    kind: str  # "pointwise" or "reduce"
     nodes: tuple  # original node names, topological order
     op_types: tuple  # TF op types, in program order
     program: str  # the program text
@@ -43,6 +46,28 @@ class Rewrite:
     refusals: list  # of Refusal (node, reason)
 
 
+def policy_from_flags(flags, preserve=frozenset()) -> Policy:
+    """The partitioning policy a flags object asks for (any object; missing attrs: defaults).
+
+    Reads max_fusion_size, max_input_nums_after_fuse, recomputation_threshold,
+    autofuse_enable_pass / autofuse_disable_pass (tuples of pass names) and
+    skip_node_names_cfg (an object with `names` and `types`, or None).
+    """
+    enable = tuple(getattr(flags, "autofuse_enable_pass", ()) or ())
+    disable = tuple(getattr(flags, "autofuse_disable_pass", ()) or ())
+    skip = getattr(flags, "skip_node_names_cfg", None)
+    return Policy(
+        max_fusion_size=int(getattr(flags, "max_fusion_size", DEFAULT_MAX_FUSION_SIZE)),
+        max_inputs=int(getattr(flags, "max_input_nums_after_fuse", DEFAULT_MAX_INPUTS)),
+        pointwise="pointwise" not in disable,
+        reduce="reduce" in enable and "reduce" not in disable,
+        recomputation_threshold=int(getattr(flags, "recomputation_threshold", 0)),
+        skip_names=frozenset(getattr(skip, "names", ()) or ()),
+        skip_types=frozenset(getattr(skip, "types", ()) or ()),
+        preserve=frozenset(preserve),
+    )
+
+
 def rewrite(
     graph_def: graph_pb2.GraphDef,
     preserve: Iterable[str] = (),
@@ -53,38 +78,52 @@ def rewrite(
     """Fuse what can be fused. The input is never mutated; `.graph_def` is a new GraphDef.
 
     preserve: node names whose name and value must survive (fetches, feeds, control targets).
-    flags: any object; its int attribute `max_fusion_size` caps compute ops per group.
+    flags: any object; see `policy_from_flags` for the attributes read.
     shapes: node name -> static shape of each output (tuple, -1 unknown size; None unknown rank).
     feeds: node names the caller feeds; they are never fused.
     """
-    max_fusion_size = DEFAULT_MAX_FUSION_SIZE
-    if flags is not None:
-        max_fusion_size = int(getattr(flags, "max_fusion_size", DEFAULT_MAX_FUSION_SIZE))
+    preserve = frozenset(node_name(p) for p in preserve)
+    feeds = frozenset(node_name(f) for f in feeds)
+    policy = dataclasses.replace(policy_from_flags(flags, preserve), feeds=feeds)
     unchanged = graph_pb2.GraphDef()
     unchanged.CopyFrom(graph_def)
     candidates = catalog.candidate_op_types()
-    if max_fusion_size <= 0 or not any(node.op in candidates for node in graph_def.node):
+    if policy.max_fusion_size <= 0 or not policy.pointwise or not any(
+            node.op in candidates for node in graph_def.node):
         return Rewrite(unchanged, [], [])
 
     view = GraphView(graph_def, shapes)
-    groups, refusals = find_groups(view, feeds, max_fusion_size)
+    groups, refusals = find_groups(view, feeds, policy=policy)
     if not groups:
         return Rewrite(unchanged, [], refusals)
-    preserve = frozenset(node_name(p) for p in preserve)
+    served = plan_recomputation(view, groups, policy)
+
+    def absorbable(name: str, members) -> bool:
+        node = view.node(name)
+        consumers = view.data_consumers(name)
+        return (name not in preserve and name not in feeds and consumers
+                and all(c in members for c, _, _ in consumers)
+                and not view.control_inputs(name) and not view.control_consumers(name)
+                and view.device_type(name) == "CPU" and len(view.data_inputs(name)) >= 1
+                and "_class" not in node.attr)
+
     namer = Namer(node.name for node in graph_def.node)
     plans, fusions = [], []
     for group in groups:
-        lowered = lower(view, group, preserve)
-        kind = NAME_KIND[catalog.ELEMENTWISE]
-        name = namer.name(kind, lowered.op_types)
+        members = sorted(set(group.members) | set(group.private), key=view.position.get)
+        try:
+            lowered = build(view, members, preserve, private=set(group.private), served=served,
+                            absorbable=absorbable, feeds=feeds)
+        except Unfusible:
+            lowered = group.lowered
+        name = namer.name(lowered.kind, lowered.op_types)
         keep = frozenset(m for m in group.members if keeps_name(view, m, preserve))
-        plans.append(
-            Planned(name, tuple(group.members), group.dtype, group.device, lowered, keep)
-        )
+        plans.append(Planned(name, tuple(group.members), group.device, lowered, keep))
         fusions.append(
-            Fusion(name, kind, tuple(group.members), lowered.op_types, lowered.program.print())
+            Fusion(name, lowered.kind, tuple(group.members), lowered.op_types,
+                   lowered.program.print())
         )
-    return Rewrite(splice(view, plans), fusions, refusals)
+    return Rewrite(splice(view, plans, preserve | feeds), fusions, refusals)
 
 
 def optimize(

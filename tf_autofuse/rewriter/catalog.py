@@ -15,8 +15,15 @@ from typing import Callable, Optional
 import numpy as np
 from tensorflow.core.framework import types_pb2
 
-# The kinds of op the partitioner knows. Only "elementwise" exists today.
+# The kinds of op the partitioner knows (it reads kinds, never op names):
+#   elementwise  one operand, the result has its shape
+#   broadcast    several operands that broadcast numpy-style to the result's shape
+#   reduce       one operand reduced over axes given by a Const (IR attr `axes=`)
+#   view         a free reshape (Reshape, Squeeze, ExpandDims): absorbed as an input view
 ELEMENTWISE = "elementwise"
+BROADCAST = "broadcast"
+REDUCE = "reduce"
+VIEW = "view"
 
 # Grappler's arithmetic optimizer folds CPU chains of unary ops into this op; attr `op_names`.
 COMPOSITION_OP = "_UnaryOpsComposition"
@@ -25,26 +32,35 @@ FLOAT = frozenset(
     {types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE}
 )
 FLOAT_I32 = FLOAT | {types_pb2.DT_INT32}
+BOOL = frozenset({types_pb2.DT_BOOL})
+ANY = FLOAT_I32 | BOOL
 
 
 @dataclasses.dataclass(frozen=True)
 class OpSpec:
-    tf_ops: tuple[str, ...]  # TF op types that mean this op
+    """An operator of the program text (docs/PROGRAM.md)."""
+
+    tf_ops: tuple[str, ...]  # TF op types that mean exactly this op (one node, same operands)
     ir_name: str  # the op's name in the program text
     kind: str
     arity: int
-    dtypes: frozenset  # allowed DataType enums
-    reference: Callable[..., np.ndarray]  # numpy golden implementation
+    dtypes: frozenset  # allowed DataType enums of its data operands
+    reference: Callable[..., np.ndarray]  # numpy golden implementation (attrs as keywords)
     ascendc: Optional[str]  # Ascend C API name, None when not mapped yet
-    attrs: frozenset = frozenset()  # attr keys the program text may give it (axes=, to=)
+    attrs: frozenset = frozenset()  # attr keys the program text gives it (axes=, to=, alpha=)
+    result: str = "same"  # the result dtype: "same", "bool", or "to" (the to= attr)
+    roles: tuple = ()  # per operand "data" or "bool" (Select's condition); () all data
+
+    def operand_roles(self) -> tuple:
+        return self.roles or ("data",) * self.arity
 
 
 def _quiet(fn):
     """Run a reference without numpy's overflow / invalid-value warnings."""
 
-    def run(*args):
+    def run(*args, **attrs):
         with np.errstate(all="ignore"):
-            return fn(*(np.asarray(a) for a in args))
+            return fn(*(np.asarray(a) for a in args), **attrs)
 
     return run
 
@@ -63,10 +79,35 @@ def _erf_ref(x):
     return _erf(x.astype(np.float64)).astype(x.dtype) if x.size else x.copy()
 
 
-def _spec(tf_ops, ir_name, arity, dtypes, reference, ascendc=None):
+def _spec(tf_ops, ir_name, arity, dtypes, reference, ascendc=None, **more):
     if isinstance(tf_ops, str):
         tf_ops = (tf_ops,)
-    return OpSpec(tuple(tf_ops), ir_name, ELEMENTWISE, arity, dtypes, _quiet(reference), ascendc)
+    kind = more.pop("kind", ELEMENTWISE if arity == 1 else BROADCAST)
+    return OpSpec(tuple(tf_ops), ir_name, kind, arity, dtypes, _quiet(reference), ascendc, **more)
+
+
+def _floormod(x, y):
+    mod = np.fmod(x, y)
+    return np.where((mod != 0) & ((y < 0) != (mod < 0)), mod + y, mod).astype(mod.dtype)
+
+
+def _cast(x, to):
+    return x.astype(to)
+
+
+def _reduction(fn):
+    def reduce(x, axes):
+        return fn(x, axis=tuple(axes), keepdims=True)
+
+    return reduce
+
+
+def _mean(x, axes):
+    if np.issubdtype(x.dtype, np.integer):
+        count = int(np.prod([x.shape[a] for a in axes]))
+        total = np.sum(x.astype(np.int64), axis=tuple(axes), keepdims=True).astype(x.dtype)
+        return np.fix(total / count).astype(x.dtype)
+    return np.mean(x, axis=tuple(axes), keepdims=True)
 
 
 OPS: tuple[OpSpec, ...] = (
@@ -110,6 +151,38 @@ OPS: tuple[OpSpec, ...] = (
     _spec("Maximum", "Maximum", 2, FLOAT_I32, np.maximum, "Max"),
     _spec("Minimum", "Minimum", 2, FLOAT_I32, np.minimum, "Min"),
     _spec("SquaredDifference", "SquaredDifference", 2, FLOAT_I32, lambda x, y: (x - y) * (x - y)),
+    _spec("Tan", "Tan", 1, FLOAT, np.tan),
+    _spec("Atan", "Atan", 1, FLOAT, np.arctan),
+    _spec("Sinh", "Sinh", 1, FLOAT, np.sinh),
+    _spec("Cosh", "Cosh", 1, FLOAT, np.cosh),
+    _spec("IsNan", "IsNan", 1, FLOAT, np.isnan, result="bool"),
+    _spec("IsInf", "IsInf", 1, FLOAT, np.isinf, result="bool"),
+    _spec("IsFinite", "IsFinite", 1, FLOAT, np.isfinite, result="bool"),
+    _spec("LogicalNot", "LogicalNot", 1, BOOL, np.logical_not),
+    _spec("ZerosLike", "ZerosLike", 1, ANY, np.zeros_like),
+    _spec("OnesLike", "OnesLike", 1, ANY, np.ones_like),
+    _spec("Cast", "Cast", 1, FLOAT, _cast, attrs=frozenset({"to"}), result="to"),
+    _spec("LeakyRelu", "LeakyRelu", 1, FLOAT,
+          lambda x, alpha: np.where(x < 0, x * x.dtype.type(alpha), x).astype(x.dtype),
+          attrs=frozenset({"alpha"})),
+    _spec("Pow", "Pow", 2, FLOAT, np.power),
+    _spec("FloorDiv", "FloorDiv", 2, FLOAT, lambda x, y: np.floor(x / y)),
+    _spec("FloorMod", "FloorMod", 2, FLOAT, _floormod),
+    _spec("Greater", "Greater", 2, FLOAT_I32, np.greater, result="bool"),
+    _spec("GreaterEqual", "GreaterEqual", 2, FLOAT_I32, np.greater_equal, result="bool"),
+    _spec("Less", "Less", 2, FLOAT_I32, np.less, result="bool"),
+    _spec("LessEqual", "LessEqual", 2, FLOAT_I32, np.less_equal, result="bool"),
+    _spec("Equal", "Equal", 2, FLOAT_I32, np.equal, result="bool"),
+    _spec("NotEqual", "NotEqual", 2, FLOAT_I32, np.not_equal, result="bool"),
+    _spec("LogicalAnd", "LogicalAnd", 2, BOOL, np.logical_and),
+    _spec("LogicalOr", "LogicalOr", 2, BOOL, np.logical_or),
+    _spec(("SelectV2", "Select"), "Select", 3, FLOAT_I32, np.where, roles=("bool", "data", "data")),
+    _spec("Sum", "Sum", 1, FLOAT_I32, _reduction(np.sum), kind=REDUCE, attrs=frozenset({"axes"})),
+    _spec("Mean", "Mean", 1, FLOAT_I32, _mean, kind=REDUCE, attrs=frozenset({"axes"})),
+    _spec("Max", "Max", 1, FLOAT_I32, _reduction(np.max), kind=REDUCE, attrs=frozenset({"axes"})),
+    _spec("Min", "Min", 1, FLOAT_I32, _reduction(np.min), kind=REDUCE, attrs=frozenset({"axes"})),
+    _spec("Prod", "Prod", 1, FLOAT_I32, _reduction(np.prod), kind=REDUCE,
+          attrs=frozenset({"axes"})),
 )
 
 _BY_TF_OP = {tf_op: spec for spec in OPS for tf_op in spec.tf_ops}
@@ -117,7 +190,11 @@ _BY_IR_NAME = {spec.ir_name: spec for spec in OPS}
 
 
 def for_tf_op(op_type: str) -> Optional[OpSpec]:
-    """The entry for a TF op type, or None when the op is not supported."""
+    """The IR op a TF op type means one to one (same operands), or None.
+
+    TF ops that lower to something else (AddN, ClipByValue, BiasAdd) or to nothing (the view
+    ops) are not here: see `tf_op`.
+    """
     return _BY_TF_OP.get(op_type)
 
 
@@ -127,8 +204,8 @@ def for_ir_name(name: str) -> Optional[OpSpec]:
 
 
 def candidate_op_types() -> frozenset:
-    """Every TF op type that can start a fusion (the bridge skips graphs holding none)."""
-    return frozenset(_BY_TF_OP) | {COMPOSITION_OP}
+    """Every TF op type that can be fused (the bridge skips graphs holding none)."""
+    return frozenset(k for k, v in TF_OPS.items() if v.kind != VIEW) | {COMPOSITION_OP}
 
 
 def dtype_name(dtype: int) -> str:
@@ -137,3 +214,358 @@ def dtype_name(dtype: int) -> str:
         return types_pb2.DataType.Name(dtype)
     except ValueError:
         return f"DataType({dtype})"
+
+
+# --- TF ops: how each TF op type is fused ------------------------------------------------------
+
+IR_DTYPES = {
+    types_pb2.DT_HALF: "f16",
+    types_pb2.DT_BFLOAT16: "bf16",
+    types_pb2.DT_FLOAT: "f32",
+    types_pb2.DT_DOUBLE: "f64",
+    types_pb2.DT_INT32: "i32",
+    types_pb2.DT_BOOL: "bool",
+}
+
+
+class Unsupported(ValueError):
+    """A node the catalog cannot fuse as it is; the message is the refusal reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TfOp:
+    """How the partitioner and the lowering treat one TF op type.
+
+    dtype_attr: the attr holding the compute dtype (None: the op is bool only).
+    n_data: data operands (the first inputs); None: every input (AddN). Further inputs are
+      static (a Const: reduction_indices, Reshape's shape, ExpandDims' dim).
+    check(node) -> reason or None: attrs the fused program cannot express.
+    operand_dtypes(node, n) -> the DataType of each data operand.
+    result_dtype(node) -> the DataType of the output.
+    operand_shapes(node, shapes) -> the shapes the operands broadcast as (BiasAdd NCHW views
+      its bias [C] as [C,1,1]); raises Unsupported.
+    emit(em, node, operands, axes) -> the Ref of the result; em(ir_op, operands, attrs).
+    ir_ops: the IR ops it may emit (their dtypes are checked against the node's).
+    """
+
+    op_type: str
+    kind: str
+    dtypes: frozenset
+    ir_ops: tuple
+    emit: Callable
+    dtype_attr: Optional[str] = "T"
+    n_data: Optional[int] = 1
+    check: Optional[Callable] = None
+    result_dtype: Optional[Callable] = None
+    operand_dtypes: Optional[Callable] = None
+    operand_shapes: Optional[Callable] = None
+
+    def compute_dtype(self, node) -> Optional[int]:
+        if self.dtype_attr is None:
+            return types_pb2.DT_BOOL
+        return node.attr[self.dtype_attr].type if self.dtype_attr in node.attr else None
+
+    def data_operands(self, node, n_inputs: int) -> int:
+        return n_inputs if self.n_data is None else self.n_data
+
+    def dtypes_of_operands(self, node, n: int) -> list:
+        if self.operand_dtypes is not None:
+            return self.operand_dtypes(node, n)
+        return [self.compute_dtype(node)] * n
+
+    def output_dtype(self, node) -> Optional[int]:
+        if self.result_dtype is not None:
+            return self.result_dtype(node)
+        return self.compute_dtype(node)
+
+
+def _attr_bool(node, key: str, default: bool) -> bool:
+    return node.attr[key].b if key in node.attr else default
+
+
+def _attr_s(node, key: str, default: str) -> str:
+    return node.attr[key].s.decode() if key in node.attr else default
+
+
+def _emit_plain(ir_name):
+    return lambda em, node, operands, axes: em(ir_name, operands)
+
+
+def _emit_cast(em, node, operands, axes):
+    return em("Cast", operands, (("to", IR_DTYPES[node.attr["DstT"].type]),))
+
+
+def _check_cast(node):
+    src = node.attr["SrcT"].type if "SrcT" in node.attr else None
+    dst = node.attr["DstT"].type if "DstT" in node.attr else None
+    if src not in FLOAT or dst not in FLOAT:
+        return f"Cast from {dtype_name(src)} to {dtype_name(dst)} (only between float types)"
+    if _attr_bool(node, "Truncate", False):
+        return "Cast with Truncate=true"
+    return None
+
+
+def _emit_leaky(em, node, operands, axes):
+    alpha = float(node.attr["alpha"].f) if "alpha" in node.attr else 0.2
+    if not math.isfinite(alpha):
+        raise Unsupported(f"LeakyRelu alpha {alpha} is not finite")
+    return em("LeakyRelu", operands, (("alpha", repr(alpha)),))
+
+
+def _check_equal(node):
+    if not _attr_bool(node, "incompatible_shape_error", True):
+        return f"{node.op} with incompatible_shape_error=false"
+    return None
+
+
+def _emit_addn(em, node, operands, axes):
+    # values first, so that no Add has only immediates (TF's AddN sums in no fixed order)
+    operands = [o for o in operands if not _is_immediate(o)] + [
+        o for o in operands if _is_immediate(o)]
+    total = operands[0]
+    for operand in operands[1:]:
+        total = em("Add", [total, operand])
+    return total
+
+
+def _is_immediate(operand) -> bool:
+    return isinstance(operand, (bool, int, float))
+
+
+def _emit_clip(em, node, operands, axes):
+    x, low, high = operands
+    return em("Minimum", [em("Maximum", [x, low]), high])
+
+
+def _check_bias_add(node):
+    fmt = _attr_s(node, "data_format", "NHWC")
+    if fmt not in ("NHWC", "NCHW"):
+        return f"BiasAdd data_format {fmt}"
+    return None
+
+
+def _bias_shapes(node, shapes):
+    value, bias = shapes
+    if _attr_s(node, "data_format", "NHWC") != "NCHW":
+        return shapes
+    if value is None or bias is None:
+        raise Unsupported("BiasAdd NCHW needs the ranks of value and bias")
+    if len(bias) != 1 or len(value) < 2:
+        raise Unsupported("BiasAdd NCHW needs a bias vector and a value of rank >= 2")
+    return [value, tuple(bias) + (1,) * (len(value) - 2)]
+
+
+def _select_shapes(node, shapes):
+    cond, x, y = shapes
+    if node.op == "Select":  # v1: cond has x's shape, or is a scalar (or a vector of rows)
+        if cond != () and (cond is None or x is None or cond != x or any(d == -1 for d in x)):
+            raise Unsupported("Select (v1) whose condition is neither a scalar nor x's shape")
+    return shapes
+
+
+def _emit_reduce(ir_name):
+    return lambda em, node, operands, axes: em(ir_name, operands, (("axes", axes),))
+
+
+def _bool_result(node):
+    return types_pb2.DT_BOOL
+
+
+def _select_dtypes(node, n):
+    t = node.attr["T"].type if "T" in node.attr else None
+    return [types_pb2.DT_BOOL, t, t]
+
+
+def _cast_dtypes(node, n):
+    return [node.attr["SrcT"].type if "SrcT" in node.attr else None]
+
+
+def _direct(op_type, **more):
+    spec = for_tf_op(op_type)
+    return TfOp(op_type, spec.kind, spec.dtypes, (spec.ir_name,), _emit_plain(spec.ir_name),
+                n_data=spec.arity, **more)
+
+
+def _build_tf_ops() -> dict:
+    table = {}
+    special = {"Cast", "LeakyRelu", "Sum", "Mean", "Max", "Min", "Prod", "Select", "SelectV2",
+               "LogicalNot", "LogicalAnd", "LogicalOr", "IsNan", "IsInf", "IsFinite", "Greater",
+               "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual"}
+    for spec in OPS:
+        for op_type in spec.tf_ops:
+            if op_type not in special:
+                table[op_type] = _direct(op_type)
+    for op_type in ("IsNan", "IsInf", "IsFinite", "Greater", "GreaterEqual", "Less", "LessEqual"):
+        table[op_type] = _direct(op_type, result_dtype=_bool_result)
+    for op_type in ("Equal", "NotEqual"):
+        table[op_type] = _direct(op_type, result_dtype=_bool_result, check=_check_equal)
+    for op_type in ("LogicalNot", "LogicalAnd", "LogicalOr"):
+        table[op_type] = _direct(op_type, dtype_attr=None)
+    for op_type in ("Select", "SelectV2"):
+        table[op_type] = _direct(op_type, operand_dtypes=_select_dtypes,
+                                 operand_shapes=_select_shapes)
+    table["Cast"] = TfOp("Cast", ELEMENTWISE, FLOAT, ("Cast",), _emit_cast, dtype_attr="SrcT",
+                         check=_check_cast, operand_dtypes=_cast_dtypes,
+                         result_dtype=lambda node: node.attr["DstT"].type)
+    table["LeakyRelu"] = TfOp("LeakyRelu", ELEMENTWISE, FLOAT, ("LeakyRelu",), _emit_leaky)
+    table["AddN"] = TfOp("AddN", BROADCAST, FLOAT_I32, ("Add",), _emit_addn, n_data=None)
+    table["ClipByValue"] = TfOp("ClipByValue", BROADCAST, FLOAT_I32, ("Maximum", "Minimum"),
+                                _emit_clip, n_data=3)
+    table["BiasAdd"] = TfOp("BiasAdd", BROADCAST, FLOAT_I32, ("Add",), _emit_plain("Add"),
+                            n_data=2, check=_check_bias_add, operand_shapes=_bias_shapes)
+    for op_type in ("Sum", "Mean", "Max", "Min", "Prod"):
+        table[op_type] = TfOp(op_type, REDUCE, FLOAT_I32, (op_type,), _emit_reduce(op_type))
+    for op_type in ("Reshape", "Squeeze", "ExpandDims"):
+        table[op_type] = TfOp(op_type, VIEW, ANY, (), None)
+    return table
+
+
+TF_OPS: dict = _build_tf_ops()
+
+
+def tf_op(op_type: str) -> Optional[TfOp]:
+    """How a TF op type is fused, or None when it is not."""
+    return TF_OPS.get(op_type)
+
+
+# --- static shapes ----------------------------------------------------------------------------
+
+
+def broadcast_dim(a: int, b: int) -> Optional[int]:
+    """numpy's rule on two sizes (-1 unknown, <= -2 symbolic); None when it cannot be told.
+
+    An unknown size against a known size > 1 gives the known size: whatever the unknown size
+    is at run time (1 or that size; anything else is an error in TF and in the kernel alike).
+    Two different unknown sizes give no static size: refused (conservative).
+    """
+    if a == b and a != -1:
+        return a
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    if a < 0 and b > 1:
+        return b
+    if b < 0 and a > 1:
+        return a
+    return None
+
+
+def broadcast_shapes(shapes) -> tuple:
+    """The numpy broadcast of known-rank shapes; raises Unsupported unless provable."""
+    rank = max(len(s) for s in shapes)
+    result = [1] * rank
+    for shape in shapes:
+        padded = (1,) * (rank - len(shape)) + tuple(shape)
+        for i, d in enumerate(padded):
+            dim = broadcast_dim(result[i], d)
+            if dim is None:
+                raise Unsupported(
+                    "shapes " + " and ".join(_fmt(s) for s in shapes) + " not known to broadcast")
+            result[i] = dim
+    return tuple(result)
+
+
+def _fmt(shape) -> str:
+    if shape is None:
+        return "[*]"
+    return "[" + ",".join("?" if d < 0 else str(d) for d in shape) + "]"
+
+
+def _const_ints(const_of, tensor, what: str) -> list:
+    value = const_of(tensor)
+    if value is None:
+        raise Unsupported(f"{what} is not a Const")
+    if not np.issubdtype(value.dtype, np.integer):
+        raise Unsupported(f"{what} is not an integer Const")
+    return [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def reduce_axes(node, inputs, rank: Optional[int], const_of) -> tuple:
+    """(normalised sorted axes, keep_dims) of a reduction; raises Unsupported."""
+    if len(inputs) != 2:
+        raise Unsupported(f"{node.op} expects 2 inputs, has {len(inputs)}")
+    axes = _const_ints(const_of, inputs[1], "reduction_indices")
+    if rank is None:
+        raise Unsupported(f"{node.op} over an operand of unknown rank")
+    normalised = []
+    for axis in axes:
+        if not -rank <= axis < rank:
+            raise Unsupported(f"axis {axis} out of range for rank {rank}")
+        normalised.append(axis % rank)
+    normalised = tuple(sorted(set(normalised)))
+    if not normalised:
+        raise Unsupported(f"{node.op} over no axis")
+    if any(b != a + 1 for a, b in zip(normalised, normalised[1:])):
+        raise Unsupported(f"axes {list(normalised)} are not consecutive")
+    keep = _attr_bool(node, "keep_dims", False)
+    return normalised, keep
+
+
+def reduced_shape(shape: tuple, axes: tuple, keep: bool) -> tuple:
+    if keep:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def view_shape(node, inputs, in_shape, const_of) -> tuple:
+    """The output shape of a view op (Reshape, Squeeze, ExpandDims); raises Unsupported."""
+    if node.op == "Reshape":
+        dims = _const_ints(const_of, inputs[1], "Reshape's shape")
+        if dims.count(-1) > 1 or any(d < -1 for d in dims):
+            raise Unsupported(f"Reshape to {dims}")
+        if -1 in dims and in_shape is not None and all(d >= 0 for d in in_shape):
+            known = int(np.prod([d for d in dims if d != -1]))
+            total = int(np.prod(in_shape))
+            if known == 0 or total % known:
+                raise Unsupported(f"Reshape of {_fmt(in_shape)} to {dims}")
+            dims = [total // known if d == -1 else d for d in dims]
+        return tuple(dims)
+    if in_shape is None:
+        raise Unsupported(f"{node.op} of a tensor of unknown rank")
+    rank = len(in_shape)
+    if node.op == "Squeeze":
+        listed = list(node.attr["squeeze_dims"].list.i) if "squeeze_dims" in node.attr else []
+        if not listed:
+            if any(d < 0 for d in in_shape):
+                raise Unsupported("Squeeze of unknown sizes")
+            return tuple(d for d in in_shape if d != 1)
+        axes = set()
+        for axis in listed:
+            if not -rank <= axis < rank or in_shape[axis % rank] != 1:
+                raise Unsupported(f"Squeeze axis {axis} of {_fmt(in_shape)}")
+            axes.add(axis % rank)
+        return tuple(d for i, d in enumerate(in_shape) if i not in axes)
+    if node.op == "ExpandDims":
+        (axis,) = _const_ints(const_of, inputs[1], "ExpandDims' dim")[:1] or [None]
+        if axis is None or not -rank - 1 <= axis <= rank:
+            raise Unsupported(f"ExpandDims axis {axis} of {_fmt(in_shape)}")
+        axis = axis % (rank + 1)
+        return tuple(in_shape[:axis]) + (1,) + tuple(in_shape[axis:])
+    raise Unsupported(f"{node.op} is not a view op")
+
+
+def output_shape(node, inputs, shapes, const_of):
+    """The static output shape of a catalog op from its input shapes; None when unknown."""
+    entry = tf_op(node.op)
+    try:
+        if node.op == COMPOSITION_OP:
+            return shapes[0] if shapes else None
+        if entry is None:
+            return None
+        if entry.kind == VIEW:
+            return view_shape(node, inputs, shapes[0], const_of)
+        if entry.kind == REDUCE:
+            if shapes[0] is None:
+                return None
+            axes, keep = reduce_axes(node, inputs, len(shapes[0]), const_of)
+            return reduced_shape(shapes[0], axes, keep)
+        n = entry.data_operands(node, len(inputs))
+        data = list(shapes[:n])
+        if entry.operand_shapes is not None:
+            data = entry.operand_shapes(node, data)
+        if any(s is None for s in data) or not data:
+            return None
+        return broadcast_shapes(data)
+    except (Unsupported, IndexError):
+        return None

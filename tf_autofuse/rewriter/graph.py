@@ -8,7 +8,8 @@ appended in index order and reported by `in_cycle`.
 Shapes (tuple of ints, -1 an unknown size, <= -2 a symbolic size from the caller's shape
 inference; None an unknown rank) merge, in this order of trust: shapes handed in by the
 caller, `_output_shapes` attrs, the Placeholder `shape` and Const tensor shapes, then
-propagation through the catalog's elementwise ops and a few same-shape ops (Identity, Cast).
+propagation through the catalog's ops (catalog.output_shape: elementwise, numpy broadcast,
+reductions and view ops with Const axes / shapes) and a few same-shape ops (Identity, Cast).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ class GraphView:
                     self._data_consumers.setdefault(name, []).append((node.name, position, index))
             self._data_inputs[node.name] = data
             self._control_inputs[node.name] = control
+        self._consts: dict = {}
         self._successors = self._forward_successors()
         self.order, self._cyclic = self._topological_order()
         self.position = {name: i for i, name in enumerate(self.order)}
@@ -218,10 +220,29 @@ class GraphView:
             return attrs["dtype"].type
         if node.op == "Cast" and "DstT" in attrs:
             return attrs["DstT"].type
-        known = catalog.for_tf_op(node.op) or node.op in _SAME_SHAPE_OPS
-        if (known or node.op == catalog.COMPOSITION_OP) and "T" in attrs:
+        entry = catalog.tf_op(node.op)
+        if entry is not None:
+            return entry.output_dtype(node)
+        if (node.op in _SAME_SHAPE_OPS or node.op == catalog.COMPOSITION_OP) and "T" in attrs:
             return attrs["T"].type
         return None
+
+    def const_value(self, tensor: Tensor):
+        """The numpy value of a Const node's output, or None."""
+        name, index = tensor
+        if index != 0 or name not in self._by_name:
+            return None
+        node = self.node(name)
+        if node.op != "Const" or "value" not in node.attr:
+            return None
+        if name not in self._consts:
+            try:
+                from tensorflow.python.framework import tensor_util
+
+                self._consts[name] = tensor_util.MakeNdarray(node.attr["value"].tensor)
+            except Exception:  # noqa: BLE001 - a Const we cannot read is just not a constant
+                self._consts[name] = None
+        return self._consts[name]
 
     def dtype(self, name: str) -> Optional[int]:
         """The node's `T` attr (the compute type of an elementwise op), or None."""
@@ -244,6 +265,7 @@ class GraphView:
         return self.output_shape(*tensor) if tensor[0] in self._by_name else None
 
     def _static_shapes(self, given: Mapping[str, Sequence[Shape]]) -> dict[str, list[Shape]]:
+        given = self._resolve_symbols(given)
         shapes: dict[str, list[Shape]] = {}
         for name in self.order:
             node = self.node(name)
@@ -258,6 +280,31 @@ class GraphView:
             shapes[name] = known
         return shapes
 
+    def _resolve_symbols(self, given: Mapping[str, Sequence[Shape]]) -> dict:
+        """The caller's symbolic sizes (<= -2) that a node's own shape (`_output_shapes`, a
+        Placeholder's shape, a Const) knows, replaced by that size everywhere: Grappler gives
+        one symbol to sizes it proved equal, so one known occurrence tells them all."""
+        table: dict[int, int] = {}
+        for name, outputs in given.items():
+            if name not in self._by_name:
+                continue
+            node = self.node(name)
+            others = []
+            if "_output_shapes" in node.attr:
+                others = [shape_from_proto(p) for p in node.attr["_output_shapes"].list.shape]
+            if not others:
+                others = [self._own_shape(node)]
+            for mine, other in zip(outputs, others):
+                if mine is None or other is None or len(mine) != len(other):
+                    continue
+                for a, b in zip(mine, other):
+                    if a <= -2 and b >= 0:
+                        table.setdefault(a, b)
+        if not table:
+            return dict(given)
+        return {name: [None if s is None else tuple(table.get(d, d) for d in s)
+                       for s in outputs] for name, outputs in given.items()}
+
     @staticmethod
     def _own_shape(node: node_def_pb2.NodeDef) -> Shape:
         if node.op in ("Placeholder", "PlaceholderWithDefault") and "shape" in node.attr:
@@ -271,16 +318,12 @@ class GraphView:
             shapes.get(n, ())[i] if i < len(shapes.get(n, ())) else None
             for n, i in self._data_inputs[node.name]
         ]
-        spec = catalog.for_tf_op(node.op)
-        unary = node.op == catalog.COMPOSITION_OP or node.op in _SAME_SHAPE_OPS
-        if spec is not None and spec.kind == catalog.ELEMENTWISE and spec.arity == 1:
-            unary = True
-        if unary and len(inputs) == 1:
+        if node.op in _SAME_SHAPE_OPS and len(inputs) == 1:
             return inputs[0]
-        if spec is not None and spec.kind == catalog.ELEMENTWISE and spec.arity == 2:
-            if len(inputs) == 2 and known_equal(inputs[0], inputs[1]):
-                return inputs[0]
-        return None
+        if catalog.tf_op(node.op) is None and node.op != catalog.COMPOSITION_OP:
+            return None
+        return catalog.output_shape(node, self._data_inputs[node.name], inputs,
+                                    self.const_value)
 
 
 def _merge_lists(first: list[Shape], second: list[Shape]) -> list[Shape]:

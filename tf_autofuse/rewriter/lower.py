@@ -1,18 +1,40 @@
-"""One group of nodes -> the FusedProgram it computes, with the tensors it reads and yields.
+"""A set of nodes -> the FusedProgram it computes, with the tensors it reads and yields.
 
-Inputs are the group's outside data inputs in the order the members (topological order)
-read them, each tensor once. Outputs are the members, in topological order, whose value is
-read outside the group or whose name must be kept (`keeps_name`).
+`build` is both the legality check the partitioner runs for every merge and the lowering:
+it raises `Unfusible(reason)` for anything the program cannot express.
+
+Shapes. Every value gets its TF shape (unknown sizes of the group's inputs become symbols,
+unique per tensor and dimension, so that only sizes read from one place compare equal) and a
+*placement*: which axis of the iteration space each of its dimensions occupies. Full values sit
+on the trailing axes (numpy's right alignment); a keep_dims=false reduced value sits on the axes
+that were not reduced. An op's operands must agree on where each dimension of size > 1 sits, so
+that the kernel's broadcast (of keep_dims forms) is TF's (of the shapes TF sees). Inputs take the
+placement their consumer gives them, which becomes their view (`in1: f32[16] -> [16,1,1]`). The
+iteration shape is the broadcast of every input view; each exported value must be it (full
+values) or the reduced shape (reduced values), else the group is refused.
+
+Inputs are the group's outside data inputs in the order the members (topological order) read
+them, each (tensor, view) once; scalar Consts become immediates. Outputs are the members, in
+topological order, whose value is read outside the group or whose name must be kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import AbstractSet
+import math
+from typing import AbstractSet, Callable, Mapping, Optional
 
+from tensorflow.core.framework import types_pb2
+
+from . import catalog
 from . import program as ir
-from .graph import GraphView, Tensor
-from .partition import Group, compute_ops
+from .graph import GraphView, Tensor, format_shape
+
+SYMBOL_BASE = -(10**9)  # fresh symbols for unknown sizes: SYMBOL_BASE, SYMBOL_BASE - 1, ...
+
+
+class Unfusible(Exception):
+    """The nodes cannot be one fused program; str(err) is the reason."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +44,10 @@ class Lowered:
     outputs: tuple  # of member names, out0, out1, ...
     control_inputs: tuple  # outside nodes members wait for, sorted
     op_types: tuple  # TF op types in order (a composition gives its op_names)
+    in_dtypes: tuple  # DataType of each input
+    out_dtypes: tuple  # DataType of each output
+    absorbed: tuple = ()  # view nodes read through (removed from the graph)
+    kind: str = "pointwise"  # "pointwise", or "reduce" when the program reduces
 
 
 def keeps_name(view: GraphView, name: str, preserve: AbstractSet[str]) -> bool:
@@ -30,40 +56,383 @@ def keeps_name(view: GraphView, name: str, preserve: AbstractSet[str]) -> bool:
     return name in preserve or not view.data_consumers(name)
 
 
-def lower(view: GraphView, group: Group, preserve: AbstractSet[str]) -> Lowered:
-    members = set(group.members)
-    dtype = ir.DTYPE_NAMES[group.dtype]
-    inputs: dict[Tensor, ir.Ref] = {}
-    values: dict[str, ir.Ref] = {}  # member -> the Ref holding its result
-    decls, instructions, op_types = [], [], []
-    for name in group.members:
-        operands = []
-        for tensor in view.data_inputs(name):
-            if tensor[0] in members:
-                operands.append(values[tensor[0]])
-                continue
-            if tensor not in inputs:
-                inputs[tensor] = ir.In(len(inputs))
-                decls.append(ir.InputDecl(dtype, _declared(view.tensor_shape(tensor))))
-            operands.append(inputs[tensor])
-        for op_type, spec in compute_ops(view, name):
-            instructions.append(ir.Instruction(spec.ir_name, tuple(operands)))
-            operands = [ir.Val(len(instructions) - 1)]
-            op_types.append(op_type)
-        values[name] = operands[0]
-    outputs = [
-        name
-        for name in group.members
-        if keeps_name(view, name, preserve)
-        or any(consumer not in members for consumer, _, _ in view.data_consumers(name))
-    ]
-    controls = sorted(
-        {c for name in group.members for c in view.control_inputs(name) if c not in members}
-    )
-    program = ir.FusedProgram(decls, instructions, [values[name] for name in outputs])
-    return Lowered(program, tuple(inputs), tuple(outputs), tuple(controls), tuple(op_types))
+def compute_ops(view: GraphView, name: str) -> list:
+    """The TF op types a node computes (a composition: its op_names); [] when unsupported."""
+    node = view.node(name)
+    if node.op == catalog.COMPOSITION_OP:
+        if "op_names" not in node.attr:  # never index a proto map with a missing key
+            return []
+        ops = [s.decode() for s in node.attr["op_names"].list.s]
+        if not ops or any(catalog.for_tf_op(op) is None for op in ops):
+            return []
+        return ops
+    return [node.op] if catalog.tf_op(node.op) is not None else []
 
 
-def _declared(shape):
-    """The program knows sizes or "?": symbolic sizes (<= -2) are written as unknown."""
+def scalar_immediate(view: GraphView, tensor: Tensor, dtype: Optional[int],
+                     feeds: AbstractSet[str] = frozenset()):
+    """The Python value of a finite scalar Const of dtype `dtype`, or None (also for a Const
+    the caller feeds or that waits on a control input)."""
+    if tensor[0] in feeds or (tensor[0] in view and view.control_inputs(tensor[0])):
+        return None
+    value = view.const_value(tensor)
+    if value is None or value.shape != () or dtype not in catalog.IR_DTYPES:
+        return None
+    if view.output_dtype(*tensor) != dtype:
+        return None
+    if dtype == types_pb2.DT_BOOL:
+        return bool(value)
+    if dtype == types_pb2.DT_INT32:
+        return int(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+@dataclasses.dataclass
+class _Value:
+    shape: Optional[tuple]  # TF shape with symbols; None: unknown rank
+    placement: Optional[tuple] = None  # iteration axis of each dimension
+    reduced: bool = False
+
+
+def _embed(shape: tuple, placement: tuple, rank: int) -> tuple:
+    out = [1] * rank
+    for d, axis in zip(shape, placement):
+        out[axis] = d
+    return tuple(out)
+
+
+def _shown(shape) -> Optional[tuple]:
     return None if shape is None else tuple(d if d >= 0 else -1 for d in shape)
+
+
+def _fmt(shape) -> str:
+    return format_shape(_shown(shape))
+
+
+def build(
+    view: GraphView,
+    members: list,
+    preserve: AbstractSet[str] = frozenset(),
+    private: AbstractSet[str] = frozenset(),
+    served: Optional[Mapping[str, AbstractSet[str]]] = None,
+    absorbable: Optional[Callable[[str, AbstractSet[str]], bool]] = None,
+    feeds: AbstractSet[str] = frozenset(),
+) -> Lowered:
+    """Lower `members` (topological order) into one program, or raise Unfusible.
+
+    private: members computed here but owned by another group (recomputation): never outputs.
+    served: member -> outside consumers that recompute it (they need no output of it).
+    absorbable(view_node, members): may this view node's input be read with a view instead?
+    feeds: nodes the caller feeds (a fed Const is an input, never an immediate).
+    """
+    served = served or {}
+    member_set = set(members)
+    symbols: dict[Tensor, tuple] = {}
+    next_symbol = [SYMBOL_BASE]
+
+    def input_shape(tensor: Tensor) -> Optional[tuple]:
+        if tensor not in symbols:
+            shape = view.tensor_shape(tensor)
+            if shape is not None:
+                dims = []
+                for d in shape:
+                    if d == -1:
+                        dims.append(next_symbol[0])
+                        next_symbol[0] -= 1
+                    else:
+                        dims.append(d)
+                shape = tuple(dims)
+            symbols[tensor] = shape
+        return symbols[tensor]
+
+    # --- pass 1: what each member reads, TF shapes ----------------------------------------
+    values: dict[str, _Value] = {}
+    plans = []  # (name, entry or None, op types, operands [(kind, x, shape, dtype)], axes, keep)
+    outside_tensors = set()
+    for name in members:
+        node = view.node(name)
+        ops = compute_ops(view, name)
+        if not ops:
+            raise Unfusible(f"{name}: {node.op} is not supported")
+        entry = catalog.tf_op(ops[0]) if node.op != catalog.COMPOSITION_OP else None
+        inputs = view.data_inputs(name)
+        n = entry.data_operands(node, len(inputs)) if entry is not None else 1
+        if len(inputs) < n or n == 0:
+            raise Unfusible(f"{name}: {node.op} has {len(inputs)} data input(s)")
+        if entry is not None:
+            dtypes = entry.dtypes_of_operands(node, n)
+            compute = entry.compute_dtype(node)
+        else:
+            compute = view.dtype(name)
+            dtypes = [compute]
+        operands = []
+        for tensor, dtype in zip(inputs[:n], dtypes):
+            if tensor[0] in member_set:
+                if tensor[1] != 0:
+                    raise Unfusible(f"{name} reads output {tensor[1]} of member {tensor[0]}")
+                operands.append(("val", tensor[0], values[tensor[0]].shape, dtype))
+                continue
+            immediate = scalar_immediate(view, tensor, dtype, feeds)
+            if immediate is not None:
+                operands.append(("imm", immediate, (), dtype))
+            else:
+                operands.append(("in", tensor, input_shape(tensor), dtype))
+        # an instruction needs a value operand that gives its dtype: make a Const an input
+        data_positions = [i for i, d in enumerate(dtypes) if d == compute] or [0]
+        if all(operands[i][0] == "imm" for i in data_positions):
+            i = data_positions[0]
+            tensor = inputs[i]
+            operands[i] = ("in", tensor, input_shape(tensor), dtypes[i])
+        for kind, x, shape, dtype in operands:
+            if kind == "in":
+                outside_tensors.add(x)
+        shapes = [shape for _, _, shape, _ in operands]
+        axes, keep = None, False
+        if entry is not None and entry.operand_shapes is not None:
+            try:
+                adjusted = entry.operand_shapes(node, shapes)
+            except catalog.Unsupported as err:
+                raise Unfusible(f"{name}: {err}") from None
+            for i, (old, new) in enumerate(zip(shapes, adjusted)):
+                if old != new and operands[i][0] != "in":
+                    raise Unfusible(f"{name}: operand {i} needs a view, and only inputs take one")
+            shapes = list(adjusted)
+        operands = [(k, x, s, d) for (k, x, _, d), s in zip(operands, shapes)]
+        if any(s is None for s in shapes):
+            shape = None
+            if entry is not None and entry.kind == catalog.REDUCE:
+                raise Unfusible(f"{name}: {node.op} of a tensor of unknown rank")
+        elif entry is not None and entry.kind == catalog.REDUCE:
+            try:
+                axes, keep = catalog.reduce_axes(node, inputs, len(shapes[0]), view.const_value)
+            except catalog.Unsupported as err:
+                raise Unfusible(f"{name}: {err}") from None
+            shape = catalog.reduced_shape(shapes[0], axes, keep)
+        else:
+            try:
+                shape = catalog.broadcast_shapes(shapes)
+            except catalog.Unsupported:
+                raise Unfusible(f"{name}: {_not_broadcast(shapes)}") from None
+        values[name] = _Value(shape)
+        plans.append((name, entry, ops, operands, axes, keep))
+
+    unknown_rank = any(v.shape is None for v in values.values())
+    if unknown_rank and len(outside_tensors) > 1:
+        raise Unfusible("an input of unknown rank among several inputs")
+
+    # --- pass 2: placements in the iteration space -----------------------------------------
+    rank = 0
+    if not unknown_rank:
+        for _, _, _, operands, _, _ in plans:
+            rank = max([rank] + [len(s) for k, _, s, _ in operands if k != "imm"])
+        rank = max([rank] + [len(v.shape) for v in values.values()])
+    usages = []  # (tensor, shape as read, placement)
+    reductions = []  # (name, axes, operand shape, operand placement)
+    for name, entry, ops, operands, axes, keep in plans:
+        value = values[name]
+        if unknown_rank:
+            usages.extend((x, s, None) for k, x, s, _ in operands if k == "in")
+            continue
+        if entry is not None and entry.kind == catalog.REDUCE:
+            kind, x, shape, _ = operands[0]
+            placement = tuple(range(len(shape)))
+            if kind == "val":
+                placement = values[x].placement
+            elif len(shape) == rank:
+                usages.append((x, shape, placement))
+            reductions.append((name, axes, shape, placement, len(shape) == rank))
+            if keep:
+                value.placement = tuple(range(rank))
+            else:
+                value.placement = tuple(a for a in range(rank) if a not in axes)
+            value.reduced = True
+            continue
+        live = [(k, x, s) for k, x, s, _ in operands if k != "imm"]
+        k_rank = max(len(s) for _, _, s in live)
+        out_placement = None
+        for kind, x, shape in live:
+            if kind == "val" and len(shape) == k_rank:
+                out_placement = values[x].placement
+                break
+        if out_placement is None:
+            out_placement = tuple(range(rank - k_rank, rank))
+        for kind, x, shape in live:
+            offset = k_rank - len(shape)
+            if kind == "in":
+                usages.append((x, shape, out_placement[offset:]))
+                continue
+            for d, size in enumerate(shape):
+                if size != 1 and values[x].placement[d] != out_placement[offset + d]:
+                    raise Unfusible(
+                        f"{name}: {x} (a keep_dims=false reduction) broadcasts in TF unlike "
+                        f"its keep_dims form")
+        value.placement = out_placement
+        # the kernel's rule: reduced when every operand is reduced or 1 along the axes
+        value.reduced = False
+
+    # --- the iteration shape ------------------------------------------------------------------
+    iteration = None
+    if not unknown_rank:
+        views = [_embed(s, p, rank) for _, s, p in usages]
+        if not views:
+            raise Unfusible("the group reads no tensor")
+        try:
+            iteration = catalog.broadcast_shapes(views)
+        except catalog.Unsupported:
+            raise Unfusible(
+                "inputs " + " and ".join(_fmt(v) for v in views) + " not known to broadcast"
+            ) from None
+    reduce_axes = None
+    for name, axes, shape, placement, full_rank in reductions:
+        if reduce_axes is not None and axes != reduce_axes:
+            raise Unfusible(f"{name} reduces axes {list(axes)}, another reduction "
+                            f"{list(reduce_axes)}")
+        reduce_axes = axes
+        if not full_rank or tuple(shape) != iteration or placement != tuple(range(rank)):
+            raise Unfusible(f"{name} reduces a value of shape {_fmt(shape)}, not the iteration "
+                            f"shape {_fmt(iteration)}")
+    reduced_shape = None
+    if reduce_axes is not None:
+        reduced_shape = catalog.reduced_shape(iteration, reduce_axes, True)
+
+    def input_reduced(shape, placement) -> bool:
+        view_ = _embed(shape, placement, rank)
+        return all(view_[a] == 1 for a in reduce_axes)
+
+    if reduce_axes is not None:
+        for name, entry, ops, operands, axes, keep in plans:
+            if entry is not None and entry.kind == catalog.REDUCE:
+                continue
+            placement = values[name].placement
+            k_rank = len(values[name].shape)
+            flags = []
+            for kind, x, shape, _ in operands:
+                if kind == "imm":
+                    continue
+                if kind == "val":
+                    flags.append(values[x].reduced)
+                else:
+                    flags.append(input_reduced(shape, placement[k_rank - len(shape):]))
+            values[name].reduced = all(flags)
+
+    # --- outputs --------------------------------------------------------------------------
+    outputs, output_views = [], []
+    for name in members:
+        if name in private:
+            continue
+        outside = [c for c, _, _ in view.data_consumers(name)
+                   if c not in member_set and c not in served.get(name, ())]
+        if not (outside or keeps_name(view, name, preserve)):
+            continue
+        value = values[name]
+        out_view = None
+        if not unknown_rank:
+            expected = reduced_shape if value.reduced else iteration
+            placed = _embed(value.shape, value.placement, rank)
+            if placed != expected:
+                wanted = f"the iteration shape {_fmt(iteration)}"
+                if reduced_shape is not None:
+                    wanted = f"neither {wanted} nor the reduced shape {_fmt(reduced_shape)}"
+                raise Unfusible(f"{name} would be an output of shape {_fmt(value.shape)}, "
+                                f"{'not ' if reduced_shape is None else ''}{wanted}")
+            if tuple(value.shape) != expected:
+                out_view = _shown(value.shape)
+                if sum(1 for d in out_view if d < 0) > 1:
+                    raise Unfusible(f"{name}: its shape {_fmt(value.shape)} as an output view "
+                                    "has more than one unknown size")
+        outputs.append(name)
+        output_views.append(out_view)
+    if not outputs:
+        raise Unfusible("nothing of the group is read outside it")
+
+    # --- emission -------------------------------------------------------------------------
+    decls, instructions, op_types = [], [], []
+    input_refs: dict = {}
+    input_tensors, in_dtypes, absorbed = [], [], []
+    refs: dict[str, ir.Ref] = {}
+
+    def input_ref(tensor: Tensor, shape, placement, dtype) -> ir.Ref:
+        if dtype not in catalog.IR_DTYPES:
+            raise Unfusible(f"input {tensor[0]} of dtype {catalog.dtype_name(dtype)}")
+        own = input_shape(tensor)
+        source, decl_shape, view_ = tensor, own, None
+        if not unknown_rank:
+            trailing = tuple(placement) == tuple(range(rank - len(shape), rank))
+            if not trailing:
+                view_ = _embed(shape, placement, rank)
+            elif tuple(shape) != own:
+                view_ = tuple(shape)
+            producer = view.node(tensor[0])
+            entry = catalog.tf_op(producer.op)
+            if (absorbable is not None and entry is not None and entry.kind == catalog.VIEW
+                    and tensor[1] == 0 and absorbable(tensor[0], member_set)):
+                inner = view.data_inputs(tensor[0])[0]
+                candidate = view_ if view_ is not None else tuple(shape)
+                if sum(1 for d in candidate if d < 0) <= 1:
+                    source, decl_shape, view_ = inner, view.tensor_shape(inner), candidate
+                    if tensor[0] not in absorbed:
+                        absorbed.append(tensor[0])
+            if view_ is not None and sum(1 for d in view_ if d < 0) > 1:
+                raise Unfusible(f"input {tensor[0]} needs the view {_fmt(view_)}, which has "
+                                "more than one unknown size")
+        key = (source, None if view_ is None else tuple(view_))
+        if key not in input_refs:
+            input_refs[key] = ir.In(len(input_refs))
+            decls.append(ir.InputDecl(catalog.IR_DTYPES[dtype], _shown(decl_shape),
+                                      _shown(view_)))
+            input_tensors.append(source)
+            in_dtypes.append(dtype)
+        return input_refs[key]
+
+    def em(op: str, operands, attrs=()) -> ir.Ref:
+        instructions.append(ir.Instruction(op, tuple(operands), tuple(attrs)))
+        return ir.Val(len(instructions) - 1)
+
+    for name, entry, ops, operands, axes, keep in plans:
+        placement = values[name].placement
+        k_rank = 0 if unknown_rank else len(values[name].shape)
+        if entry is not None and entry.kind == catalog.REDUCE:
+            k_rank = 0 if unknown_rank else rank
+            placement = tuple(range(rank))
+        args = []
+        for kind, x, shape, dtype in operands:
+            if kind == "imm":
+                args.append(x)
+            elif kind == "val":
+                args.append(refs[x])
+            else:
+                where = None if unknown_rank else placement[k_rank - len(shape):]
+                args.append(input_ref(x, shape, where, dtype))
+        node = view.node(name)
+        if entry is None:  # a composition: a chain of unary ops
+            result = args[0]
+            for op in ops:
+                result = em(catalog.for_tf_op(op).ir_name, [result])
+        else:
+            try:
+                result = entry.emit(em, node, args, ir.axes_text(axes) if axes else None)
+            except catalog.Unsupported as err:
+                raise Unfusible(f"{name}: {err}") from None
+        refs[name] = result
+        op_types.extend(ops)
+
+    try:
+        program = ir.FusedProgram(decls, instructions, [refs[n] for n in outputs], output_views)
+    except ValueError as err:
+        raise Unfusible(f"the program is not valid: {err}") from None
+    out_dtypes = tuple(ir.DTYPES[d] for d in program.output_dtypes())
+    controls = sorted({c for name in members for c in view.control_inputs(name)
+                       if c not in member_set})
+    kind = "reduce" if reduce_axes is not None else "pointwise"
+    return Lowered(program, tuple(input_tensors), tuple(outputs), tuple(controls),
+                   tuple(op_types), tuple(in_dtypes), out_dtypes, tuple(absorbed), kind)
+
+
+def _not_broadcast(shapes) -> str:
+    return "shapes " + " and ".join(_fmt(s) for s in shapes) + " not known to broadcast"
+
+
+def lower(view: GraphView, group, preserve: AbstractSet[str], **kwargs) -> Lowered:
+    """The program of a partitioned group (see partition.Group)."""
+    return build(view, group.members, preserve, **kwargs)

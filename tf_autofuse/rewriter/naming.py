@@ -12,8 +12,8 @@ from typing import Iterable
 
 _EXISTING = re.compile(r"autofuse_[A-Za-z]+_(\d+)(?:_|$)")
 
-# Catalog kind -> the kind word of the kernel name.
-NAME_KIND = {"elementwise": "pointwise"}
+# The kind words of kernel names: "pointwise" (no reduction), "reduce" (a reduction).
+KINDS = ("pointwise", "reduce")
 
 
 class Namer:

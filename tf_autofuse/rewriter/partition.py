@@ -1,24 +1,31 @@
 """Which nodes fuse together. Policy only: the graph is not changed here.
 
 A node is a candidate when the catalog supports its op for its dtype (a
-`_UnaryOpsComposition` when it supports every op of `op_names`), it sits on a CPU, the caller
-does not feed it, and a binary op's operands are known to have the same shape (or are one
-tensor).
+`_UnaryOpsComposition` when it supports every op of `op_names`), the pass of its kind is on
+(reductions need `--autofuse_enable_pass=reduce`), it sits on a CPU, the caller does not feed
+it, it is not inside `disable_autofuse()` nor listed in `--skip_node_names_cfg`, and on its own
+it lowers to a valid program (lower.build: shapes that provably broadcast, Const axes, ...).
 
 Groups grow greedily in topological order: each candidate starts a group of its own, then
 takes in the group of each of its data producers, one at a time, unless the two differ in
-dtype or device, the result would pass `max_fusion_size` compute ops, or contracting the
-result into one node would close a cycle (a path that leaves the group and comes back to
-it). Every "no" is recorded as (node, reason).
+device, the result would pass `max_fusion_size` compute ops or `max_inputs` inputs, contracting
+the result into one node would close a cycle (a path that leaves the group and comes back to
+it), or the union does not lower (lower.build says why). Every "no" is recorded as
+(node, reason).
+
+With `recomputation_threshold` N > 0, a group that reads a value another group computes takes
+a private copy of the nodes computing it (at most N compute ops) instead (`plan_recomputation`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, NamedTuple, Optional
+from typing import AbstractSet, Iterable, NamedTuple, Optional
 
 from . import catalog
-from .graph import GraphView, format_shape, known_equal, node_name
+from .graph import GraphView, node_name
+from .lower import Lowered, Unfusible, build, compute_ops
+from .scope import ATTR as DISABLE_ATTR
 
 
 class Refusal(NamedTuple):
@@ -26,53 +33,69 @@ class Refusal(NamedTuple):
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    max_fusion_size: int = 64
+    max_inputs: int = 8
+    pointwise: bool = True
+    reduce: bool = False
+    recomputation_threshold: int = 0
+    skip_names: frozenset = frozenset()
+    skip_types: frozenset = frozenset()
+    preserve: frozenset = frozenset()
+    feeds: frozenset = frozenset()
+
+
 @dataclasses.dataclass
 class Group:
     members: list  # node names, in topological order
-    dtype: int
+    dtype: int  # the compute dtype of the first member (for information)
     device: str
     size: int  # compute ops (a _UnaryOpsComposition counts len(op_names))
+    lowered: Optional[Lowered] = None  # the program of the members (no absorption)
+    private: list = dataclasses.field(default_factory=list)  # recomputed copies
 
 
-def compute_ops(view: GraphView, name: str) -> list[tuple[str, catalog.OpSpec]]:
-    """The (TF op type, entry) chain a node computes; [] when the catalog lacks one of them."""
-    node = view.node(name)
-    if node.op == catalog.COMPOSITION_OP:
-        op_types = _op_names(node)
-    else:
-        op_types = [node.op]
-    specs = [catalog.for_tf_op(op) for op in op_types]
-    if None in specs:
-        return []
-    return list(zip(op_types, specs))
-
-
-def _op_names(node) -> list[str]:
-    # Never index a proto map with a missing key: that would insert it into the input graph.
-    if "op_names" not in node.attr:
-        return []
-    return [s.decode() for s in node.attr["op_names"].list.s]
-
-
-def _refuse_candidate(view: GraphView, name: str, feeds: frozenset) -> Optional[str]:
+def _refuse_candidate(view: GraphView, name: str, feeds: frozenset,
+                      policy: Policy) -> Optional[str]:
     """Why the node cannot be fused at all, or None when it is a candidate."""
     node = view.node(name)
+    if DISABLE_ATTR in node.attr and node.attr[DISABLE_ATTR].b:
+        return "inside tf_autofuse.disable_autofuse()"
+    if name in policy.skip_names:
+        return "listed in --skip_node_names_cfg [ByNodeName]"
+    if node.op in policy.skip_types:
+        return "listed in --skip_node_names_cfg [ByNodeType]"
     if node.op == catalog.COMPOSITION_OP:
-        names = _op_names(node)
-        if not names:
+        if "op_names" not in node.attr:
             return "_UnaryOpsComposition without op_names"
-        for op in names:
+        for op in [s.decode() for s in node.attr["op_names"].list.s]:
             spec = catalog.for_tf_op(op)
-            if spec is None or spec.arity != 1 or spec.kind != catalog.ELEMENTWISE:
+            if spec is None or spec.arity != 1 or spec.kind != catalog.ELEMENTWISE or \
+                    spec.result != "same" or spec.attrs:
                 return f"{op} in op_names is not a supported unary op"
-        arity = 1
+        if not node.attr["op_names"].list.s:
+            return "_UnaryOpsComposition without op_names"
+        entry, n_inputs = None, 1
+        dtype = view.dtype(name)
+        if dtype is None:
+            return "no dtype attr T"
     else:
-        arity = catalog.for_tf_op(node.op).arity
-    dtype = view.dtype(name)
-    if dtype is None:
-        return "no dtype attr T"
-    for op, spec in compute_ops(view, name):
-        if dtype not in spec.dtypes:
+        entry = catalog.tf_op(node.op)
+        if entry.kind == catalog.REDUCE and not policy.reduce:
+            return "the reduce pass is off (--autofuse_enable_pass=reduce turns it on)"
+        dtype = entry.compute_dtype(node)
+        if dtype is None:
+            return f"no dtype attr {entry.dtype_attr}"
+        if dtype not in entry.dtypes:
+            return f"dtype {catalog.dtype_name(dtype)} not supported by {node.op}"
+        if entry.check is not None:
+            reason = entry.check(node)
+            if reason is not None:
+                return reason
+        n_inputs = entry.n_data if entry.kind != catalog.REDUCE else 2
+    for op in compute_ops(view, name) if entry is None else ():
+        if dtype not in catalog.for_tf_op(op).dtypes:
             return f"dtype {catalog.dtype_name(dtype)} not supported by {op}"
     kind = view.device_type(name)
     if kind != "CPU":
@@ -82,12 +105,11 @@ def _refuse_candidate(view: GraphView, name: str, feeds: frozenset) -> Optional[
     if view.in_cycle(name):
         return "on a cycle of the graph"
     inputs = view.data_inputs(name)
-    if len(inputs) != arity:
-        return f"{node.op} expects {arity} data input(s), has {len(inputs)}"
-    if arity == 2 and inputs[0] != inputs[1]:
-        a, b = (view.tensor_shape(t) for t in inputs)
-        if not known_equal(a, b):
-            return f"shapes {format_shape(a)} and {format_shape(b)} not known equal"
+    if n_inputs is not None and len(inputs) != n_inputs:
+        what = "data input(s)" if entry is None or entry.kind != catalog.REDUCE else "inputs"
+        return f"{node.op} expects {n_inputs} {what}, has {len(inputs)}"
+    if n_inputs is None and not inputs:
+        return f"{node.op} without inputs"
     return None
 
 
@@ -117,39 +139,64 @@ def _cycle_through(view: GraphView, members: set) -> Optional[str]:
 
 
 def find_groups(
-    view: GraphView, feeds: Iterable[str] = (), max_fusion_size: int = 64
+    view: GraphView, feeds: Iterable[str] = (), max_fusion_size: int = 64,
+    policy: Optional[Policy] = None,
 ) -> tuple[list[Group], list[Refusal]]:
     """Groups of 2 compute ops or more, in topological order of their first member."""
-    if max_fusion_size <= 0:
+    if policy is None:
+        policy = Policy(max_fusion_size=max_fusion_size)
+    if policy.max_fusion_size <= 0 or not policy.pointwise:
         return [], []
-    feeds = frozenset(node_name(f) for f in feeds)
+    feeds = frozenset(node_name(f) for f in feeds) | policy.feeds
+    policy = dataclasses.replace(policy, feeds=feeds)
     refusals: list[Refusal] = []
+    merge_refusals: list[tuple] = []  # (index in refusals, producer)
     group_of: dict[str, Group] = {}
     candidate_types = catalog.candidate_op_types()
     for name in view.order:
         if view.node(name).op not in candidate_types:
             continue
-        reason = _refuse_candidate(view, name, feeds)
+        reason = _refuse_candidate(view, name, feeds, policy)
         size = len(compute_ops(view, name))
-        if reason is None and size > max_fusion_size:
-            reason = f"group full (max_fusion_size={max_fusion_size})"
+        lowered = None
+        if reason is None and size > policy.max_fusion_size:
+            reason = f"group full (max_fusion_size={policy.max_fusion_size})"
+        if reason is None:
+            try:
+                lowered = build(view, [name], policy.preserve, feeds=policy.feeds)
+            except Unfusible as err:
+                reason = str(err)
+                if reason.startswith(f"{name}: "):
+                    reason = reason[len(name) + 2:]
+        if reason is None and len(lowered.inputs) > policy.max_inputs:
+            reason = _too_many(len(lowered.inputs), policy)
         if reason is not None:
             refusals.append(Refusal(name, reason))
             continue
-        group = Group([name], view.dtype(name), view.device(name), size)
+        node = view.node(name)
+        entry = catalog.tf_op(node.op)
+        dtype = entry.compute_dtype(node) if entry is not None else view.dtype(name)
+        group = Group([name], dtype, view.device(name), size, lowered)
         group_of[name] = group
         for producer, _ in view.data_inputs(name):
             other = group_of.get(producer)
             if other is None or other is group:
                 continue
-            reason = _refuse_merge(view, group, other, producer, max_fusion_size)
+            reason, lowered = _refuse_merge(view, group, other, producer, policy)
             if reason is not None:
+                merge_refusals.append((len(refusals), producer))
                 refusals.append(Refusal(name, reason))
                 continue
-            group.members.extend(other.members)
+            group.members = sorted(group.members + other.members, key=view.position.get)
             group.size += other.size
+            group.lowered = lowered
             for member in other.members:
                 group_of[member] = group
+    # a merge refused early may have happened later through another path: not a refusal
+    settled = {i for i, producer in merge_refusals
+               if group_of.get(producer) is not None
+               and group_of.get(producer) is group_of.get(refusals[i].node)}
+    refusals = [r for i, r in enumerate(refusals) if i not in settled]
     groups = []
     refused = {r.node for r in refusals}
     for group in dict((id(g), g) for g in group_of.values()).values():
@@ -162,17 +209,78 @@ def find_groups(
     return groups, refusals
 
 
-def _refuse_merge(view, group: Group, other: Group, producer: str, limit: int) -> Optional[str]:
-    if other.dtype != group.dtype:
-        return (
-            f"dtype {catalog.dtype_name(group.dtype)} differs from "
-            f"{catalog.dtype_name(other.dtype)} of {producer}'s group"
-        )
+def _too_many(count: int, policy: Policy) -> str:
+    return f"too many inputs ({count} > max_input_nums_after_fuse={policy.max_inputs})"
+
+
+def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Policy):
     if other.device != group.device:
-        return f"device {group.device!r} differs from {other.device!r} of {producer}'s group"
-    if group.size + other.size > limit:
-        return f"group full (max_fusion_size={limit})"
-    through = _cycle_through(view, set(group.members) | set(other.members))
+        return f"device {group.device!r} differs from {other.device!r} of {producer}'s group", None
+    if group.size + other.size > policy.max_fusion_size:
+        return f"group full (max_fusion_size={policy.max_fusion_size})", None
+    members = set(group.members) | set(other.members)
+    through = _cycle_through(view, members)
     if through is not None:
-        return f"would create a cycle through {through}"
-    return None
+        return f"would create a cycle through {through}", None
+    try:
+        lowered = build(view, sorted(members, key=view.position.get), policy.preserve,
+                        feeds=policy.feeds)
+    except Unfusible as err:
+        return f"cannot join {producer}'s group: {err}", None
+    if len(lowered.inputs) > policy.max_inputs:
+        return _too_many(len(lowered.inputs), policy), None
+    return None, lowered
+
+
+def _ancestry(view: GraphView, name: str, members: AbstractSet[str]) -> set:
+    """`name` and the members it reads, directly or not."""
+    seen, stack = {name}, [name]
+    while stack:
+        for producer, _ in view.data_inputs(stack.pop()):
+            if producer in members and producer not in seen:
+                seen.add(producer)
+                stack.append(producer)
+    return seen
+
+
+def plan_recomputation(view: GraphView, groups: list, policy: Policy) -> dict:
+    """Give groups private copies of cheap producers of other groups; returns `served`
+    (member -> consumers that recompute it). Groups' `private` and `lowered` are updated."""
+    served: dict[str, set] = {}
+    if policy.recomputation_threshold <= 0:
+        return served
+    owner = {m: g for g in groups for m in g.members}
+    for group in groups:
+        members = set(group.members)
+        for name in list(group.members):
+            for producer, index in view.data_inputs(name):
+                other = owner.get(producer)
+                if other is None or other is group or index != 0 or producer in group.private:
+                    continue
+                copies = _ancestry(view, producer, set(other.members))
+                size = sum(len(compute_ops(view, c)) for c in copies)
+                if size > policy.recomputation_threshold:
+                    continue
+                private = set(group.private) | copies
+                try:
+                    lowered = build(view, sorted(members | private, key=view.position.get),
+                                    policy.preserve, private=private, served=served,
+                                    feeds=policy.feeds)
+                except Unfusible:
+                    continue
+                if len(lowered.inputs) > policy.max_inputs:
+                    continue
+                group.private = sorted(private, key=view.position.get)
+                group.lowered = lowered
+                for copy in copies:
+                    readers = {c for c, _, _ in view.data_consumers(copy) if c in members}
+                    served.setdefault(copy, set()).update(readers)
+    for group in groups:  # outputs no longer needed by the groups that recompute them
+        try:
+            group.lowered = build(view, sorted(set(group.members) | set(group.private),
+                                               key=view.position.get),
+                                  policy.preserve, private=set(group.private), served=served,
+                                  feeds=policy.feeds)
+        except Unfusible:
+            pass  # keeps its earlier lowering (with the outputs)
+    return served

@@ -24,7 +24,9 @@ DTYPES = {
     "f32": types_pb2.DT_FLOAT,
     "f64": types_pb2.DT_DOUBLE,
     "i32": types_pb2.DT_INT32,
+    "bool": types_pb2.DT_BOOL,
 }
+FLOAT_NAMES = ("f16", "bf16", "f32", "f64")
 DTYPE_NAMES = {enum: name for name, enum in DTYPES.items()}
 
 
@@ -46,27 +48,32 @@ def Val(index: int) -> Ref:  # noqa: N802
     return Ref("%", index)
 
 
-Operand = Union[Ref, int, float]  # int / float: an immediate
+Operand = Union[Ref, bool, int, float]  # bool / int / float: an immediate
+
+
+def shape_text(shape: Optional[tuple]) -> str:
+    """[4,?,3]; [*] for an unknown rank; [] for a scalar."""
+    if shape is None:
+        return "[*]"
+    return "[" + ",".join("?" if d < 0 else str(d) for d in shape) + "]"
 
 
 @dataclasses.dataclass(frozen=True)
 class InputDecl:
     dtype: str  # "f16", ...
     shape: Optional[tuple]  # sizes, -1 unknown; None unknown rank
+    view: Optional[tuple] = None  # `-> [view]`: the shape the program reads the tensor as
 
     def text(self, index: int) -> str:
-        if self.shape is None:
-            dims = "*"
-        else:
-            dims = ",".join("?" if d < 0 else str(d) for d in self.shape)
-        return f"in{index}: {self.dtype}[{dims}]"
+        view = "" if self.view is None else " -> " + shape_text(self.view)
+        return f"in{index}: {self.dtype}{shape_text(self.shape)}{view}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Instruction:
     op: str
     operands: tuple  # of Operand
-    attrs: tuple = ()  # of (key, value text); reserved for later ops
+    attrs: tuple = ()  # of (key, value text): axes=[1,2], to=f32, alpha=0.2
 
     def text(self, index: int) -> str:
         operands = ", ".join(_operand_text(o) for o in self.operands)
@@ -79,18 +86,29 @@ class FusedProgram:
     inputs: tuple  # of InputDecl
     instructions: tuple  # of Instruction
     outputs: tuple  # of Ref
+    output_views: tuple = ()  # per output: None, or the `-> [shape]` it is stored as
 
     def __post_init__(self):
-        for name in ("inputs", "instructions", "outputs"):
+        for name in ("inputs", "instructions", "outputs", "output_views"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.output_views:
+            object.__setattr__(self, "output_views", (None,) * len(self.outputs))
         _check(self)
 
     def lines(self) -> list[str]:
         return (
             [decl.text(i) for i, decl in enumerate(self.inputs)]
             + [inst.text(i) for i, inst in enumerate(self.instructions)]
-            + [f"out{i} = {ref}" for i, ref in enumerate(self.outputs)]
+            + [_output_text(i, ref, view)
+               for i, (ref, view) in enumerate(zip(self.outputs, self.output_views))]
         )
+
+    def reduce_axes(self) -> Optional[tuple]:
+        """The axes of the program's reductions, or None when it has none."""
+        for inst in self.instructions:
+            if catalog.for_ir_name(inst.op).kind == catalog.REDUCE:
+                return parse_axes(dict(inst.attrs)["axes"])
+        return None
 
     def print(self) -> str:
         """The program text: one statement a line, each line ended by '\\n'."""
@@ -111,10 +129,46 @@ class FusedProgram:
         return parse(text)
 
 
+def _output_text(index: int, ref, view) -> str:
+    return f"out{index} = {ref}" + ("" if view is None else " -> " + shape_text(view))
+
+
 def _operand_text(operand: Operand) -> str:
     if isinstance(operand, Ref):
         return str(operand)
+    if isinstance(operand, bool):
+        return "true" if operand else "false"
     return repr(operand)
+
+
+def literal_text(value) -> str:
+    """A LITERAL as the grammar prints it."""
+    return _operand_text(value)
+
+
+def axes_text(axes) -> str:
+    return "[" + ",".join(str(a) for a in axes) + "]"
+
+
+def parse_axes(text: str) -> tuple:
+    """'[1,2]' -> (1, 2); ValueError unless non-negative, increasing and consecutive."""
+    if not re.fullmatch(r"\[\d+(,\d+)*\]", text):
+        raise ValueError(f"axes must be written [a,b,...], got {text!r}")
+    axes = tuple(int(a) for a in text[1:-1].split(","))
+    if axes_text(axes) != text:
+        raise ValueError(f"axes {text!r} not written as the grammar prints them")
+    if any(b != a + 1 for a, b in zip(axes, axes[1:])):
+        raise ValueError(f"axes {text} are not increasing and consecutive")
+    return axes
+
+
+def _check_view(view, what: str, fail):
+    if view is None:
+        return
+    if any(not isinstance(d, int) or d < -1 for d in view):
+        fail(f"{what}: sizes are integers >= 0, or -1 for unknown")
+    if sum(1 for d in view if d < 0) > 1:
+        fail(f"{what}: a view has at most one '?'")
 
 
 # --- checking --------------------------------------------------------------------------------
@@ -130,12 +184,44 @@ def _check(program: FusedProgram) -> list[str]:
 
     if not program.inputs or not program.instructions or not program.outputs:
         raise ValueError("a program needs at least one input, one instruction and one output")
+    if len(program.output_views) != len(program.outputs):
+        raise ValueError("one output view (or None) per output")
     for i, decl in enumerate(program.inputs):
         if decl.dtype not in DTYPES:
             fail(i, f"unknown dtype {decl.dtype!r}")
         if decl.shape is not None and any(not isinstance(d, int) or d < -1 for d in decl.shape):
             fail(i, "sizes are integers >= 0, or -1 for unknown")
+        _check_view(decl.view, "view", lambda r, i=i: fail(i, r))
+    axes_seen = None
+    for i, inst in enumerate(program.instructions):
+        spec = catalog.for_ir_name(inst.op)
+        if spec is not None and spec.kind == catalog.REDUCE:
+            value = dict(inst.attrs).get("axes")
+            if value is None:
+                fail(n_in + i, f"{inst.op} needs axes=[...]")
+            try:
+                axes = parse_axes(value)
+            except ValueError as err:
+                fail(n_in + i, str(err))
+            if axes_seen is not None and axes != axes_seen:
+                fail(n_in + i, "every reduction of a program reduces the same axes")
+            axes_seen = axes
+
+    def read_as(decl):
+        return decl.view if decl.view is not None else decl.shape
+
+    iteration_rank = max([len(read_as(d)) for d in program.inputs if read_as(d) is not None]
+                         + [max(axes_seen) + 1 if axes_seen else 0])
+
+    def input_is_reduced(index: int) -> bool:
+        view = read_as(program.inputs[index])
+        if view is None:
+            return False
+        padded = (1,) * (iteration_rank - len(view)) + tuple(view)  # numpy's right alignment
+        return all(padded[a] == 1 for a in axes_seen)
+
     value_dtypes: list[str] = []
+    reduced: list[bool] = []
     for i, inst in enumerate(program.instructions):
         line = n_in + i
         spec = catalog.for_ir_name(inst.op)
@@ -143,35 +229,93 @@ def _check(program: FusedProgram) -> list[str]:
             fail(line, f"unknown op {inst.op!r}")
         if len(inst.operands) != spec.arity:
             fail(line, f"{inst.op} takes {spec.arity} operand(s), has {len(inst.operands)}")
+        roles = spec.operand_roles()
         dtypes = set()
-        for operand in inst.operands:
+        has_value = False
+        for role, operand in zip(roles, inst.operands):
             if isinstance(operand, Ref):
-                dtypes.add(_ref_dtype(operand, program, value_dtypes, lambda r: fail(line, r)))
-            elif isinstance(operand, bool) or not isinstance(operand, (int, float)):
+                has_value = True
+                dtype = _ref_dtype(operand, program, value_dtypes, lambda r: fail(line, r))
+                if role == "bool" and dtype != "bool":
+                    fail(line, f"{inst.op} needs a bool operand, got {dtype}")
+                if role == "data":
+                    dtypes.add(dtype)
+            elif isinstance(operand, bool):
+                if role != "bool" and not (role == "data" and types_pb2.DT_BOOL in spec.dtypes):
+                    fail(line, f"bad operand {_operand_text(operand)} (bool immediate)")
+            elif not isinstance(operand, (int, float)):
                 fail(line, f"bad operand {operand!r}")
+            elif role == "bool":
+                fail(line, f"{inst.op} needs a bool operand, got {operand!r}")
             elif isinstance(operand, float) and not math.isfinite(operand):
                 fail(line, "immediates must be finite")
-        if not dtypes:
+        if not has_value:
             fail(line, "needs at least one operand that is a value")
+        if not dtypes:
+            fail(line, f"{inst.op} needs a value operand for its dtype")
         if len(dtypes) > 1:
             fail(line, f"operands of different dtypes {sorted(dtypes)}")
         dtype = dtypes.pop()
         if DTYPES[dtype] not in spec.dtypes:
             fail(line, f"{inst.op} does not take {dtype}")
-        if dtype == "i32" and any(isinstance(o, float) for o in inst.operands):
+        data = [o for role, o in zip(roles, inst.operands) if role == "data"]
+        if dtype == "i32" and any(isinstance(o, float) for o in data):
             fail(line, "an i32 instruction takes integer immediates only")
+        if dtype != "bool" and any(isinstance(o, bool) for o in data):
+            fail(line, "a bool immediate needs a bool instruction")
+        if dtype == "bool" and any(not isinstance(o, (Ref, bool)) for o in data):
+            fail(line, "a bool instruction takes true / false immediates only")
+        keys = [key for key, _ in inst.attrs]
         for key, value in inst.attrs:
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", key) or not value or " " in value:
                 fail(line, f"bad attr {key}={value}")
             if key not in spec.attrs:
                 fail(line, f"{inst.op} takes no attr {key!r}")
-        value_dtypes.append(dtype)
+        if len(set(keys)) != len(keys):
+            fail(line, "an attr is given twice")
+        for key in spec.attrs:
+            if key not in keys:
+                fail(line, f"{inst.op} needs attr {key}=")
+        attrs = dict(inst.attrs)
+        result = dtype
+        if spec.result == "bool":
+            result = "bool"
+        elif spec.result == "to":
+            if attrs["to"] not in FLOAT_NAMES:
+                fail(line, f"to= takes one of {', '.join(FLOAT_NAMES)}")
+            result = attrs["to"]
+        if "alpha" in attrs:
+            token = attrs["alpha"]
+            if not _NUMBER.fullmatch(token) or _operand_text(_number(token)) != token:
+                fail(line, f"alpha={token} is not a LITERAL")
+        is_reduced = False
+        if spec.kind == catalog.REDUCE:
+            operand = inst.operands[0]
+            if isinstance(operand, Ref) and operand.kind == "%" and reduced[operand.index]:
+                fail(line, "the operand of a reduction is a full value")
+            is_reduced = True
+        elif axes_seen is not None:
+            is_reduced = all(
+                not isinstance(o, Ref)
+                or (o.kind == "%" and reduced[o.index])
+                or (o.kind == "in" and input_is_reduced(o.index))
+                for o in inst.operands
+            )
+        value_dtypes.append(result)
+        reduced.append(is_reduced)
     for i, ref in enumerate(program.outputs):
         line = n_in + n_inst + i
         if not isinstance(ref, Ref):
             fail(line, "an output names a value")
         _ref_dtype(ref, program, value_dtypes, lambda r: fail(line, r))
+        _check_view(program.output_views[i], "output view", lambda r, l=line: fail(l, r))
+        if program.output_views[i] is not None and None in (program.output_views[i],):
+            fail(line, "bad output view")
     return value_dtypes
+
+
+def _number(token: str):
+    return int(token) if token.lstrip("-").isdigit() else float(token)
 
 
 def _ref_dtype(ref: Ref, program: FusedProgram, value_dtypes: list[str], fail) -> str:
@@ -184,9 +328,9 @@ def _ref_dtype(ref: Ref, program: FusedProgram, value_dtypes: list[str], fail) -
 
 # --- parsing ---------------------------------------------------------------------------------
 
-_INPUT = re.compile(r"in(\d+): ([a-z0-9]+)\[([^\]]*)\]")
+_INPUT = re.compile(r"in(\d+): ([a-z0-9]+)\[([^\]]*)\](?: -> \[([^\]]*)\])?")
 _INSTRUCTION = re.compile(r"%(\d+) = ([A-Za-z][A-Za-z0-9_]*) (.+)")
-_OUTPUT = re.compile(r"out(\d+) = (.+)")
+_OUTPUT = re.compile(r"out(\d+) = ([^ ]+)(?: -> \[([^\]]*)\])?")
 _REF = re.compile(r"(in|%)(\d+)")
 _NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]\d+)?")
 
@@ -224,14 +368,16 @@ def parse(text: str) -> FusedProgram:
         section = kind
         if index != expected:
             fail(f"numbered {index}, expected {expected}")
-        text_back = (item.text(index) if kind < 2 else f"out{index} = {item}")
+        text_back = item.text(index) if kind < 2 else _output_text(index, *item)
         if text_back != line:
             fail(f"not written as the grammar prints it (expected {text_back!r})")
         sections[kind].append(item)
     for items, what in zip(sections, ("input", "instruction", "output")):
         if not items:
             raise ValueError(f"line {len(lines) + 1}: the program has no {what}")
-    return FusedProgram(*sections)
+    outputs = [ref for ref, _ in sections[2]]
+    views = [view for _, view in sections[2]]
+    return FusedProgram(sections[0], sections[1], outputs, views)
 
 
 def _parse_input(line: str, fail):
@@ -241,21 +387,29 @@ def _parse_input(line: str, fail):
     index, dtype, dims = int(match[1]), match[2], match[3]
     if dtype not in DTYPES:
         fail(f"unknown dtype {dtype!r}")
+    shape = _parse_dims(dims, fail)
+    view = None
+    if match[4] is not None:
+        view = _parse_dims(match[4], fail)
+        if view is None:
+            fail("a view has no '*'")
+    return index, InputDecl(dtype, shape, view)
+
+
+def _parse_dims(dims: str, fail):
     if dims == "*":
-        shape = None
-    elif dims == "":
-        shape = ()
-    else:
-        shape = []
-        for dim in dims.split(","):
-            if dim == "?":
-                shape.append(-1)
-            elif dim.isdigit():
-                shape.append(int(dim))
-            else:
-                fail(f"bad dimension {dim!r}")
-        shape = tuple(shape)
-    return index, InputDecl(dtype, shape)
+        return None
+    if dims == "":
+        return ()
+    shape = []
+    for dim in dims.split(","):
+        if dim == "?":
+            shape.append(-1)
+        elif dim.isdigit():
+            shape.append(int(dim))
+        else:
+            fail(f"bad dimension {dim!r}")
+    return tuple(shape)
 
 
 def _parse_instruction(line: str, fail):
@@ -287,6 +441,8 @@ def _parse_operand(token: str, fail) -> Operand:
     match = _REF.fullmatch(token)
     if match:
         return Ref(match[1], int(match[2]))
+    if token in ("true", "false"):
+        return token == "true"
     if _NUMBER.fullmatch(token):
         value = int(token) if token.lstrip("-").isdigit() else float(token)
         if repr(value) == token:
@@ -302,4 +458,9 @@ def _parse_output(line: str, fail):
     ref = _REF.fullmatch(match[2])
     if not ref:
         fail(f"an output names a value, got {match[2]!r}")
-    return int(match[1]), Ref(ref[1], int(ref[2]))
+    view = None
+    if match[3] is not None:
+        view = _parse_dims(match[3], fail)
+        if view is None:
+            fail("a view has no '*'")
+    return int(match[1]), (Ref(ref[1], int(ref[2])), view)

@@ -24,7 +24,6 @@ FUSED_OP = "AutofuseKernel"
 class Planned:
     name: str
     members: tuple  # node names, topological order
-    dtype: int
     device: str
     lowered: Lowered
     keep_names: frozenset  # members that stay as an Identity
@@ -41,6 +40,8 @@ class _Remap:
                 self.output[member] = (plan.name, k)
             for member in plan.members:
                 self.control[member] = member if member in plan.keep_names else plan.name
+            for absorbed in plan.lowered.absorbed:  # view nodes only the fused node read
+                self.control[absorbed] = plan.name
 
     def touches(self, node: node_def_pb2.NodeDef) -> bool:
         return any(parse_input(text)[0] in self.control for text in node.input)
@@ -77,8 +78,8 @@ def _fused_node(plan: Planned, remap: _Remap) -> node_def_pb2.NodeDef:
     controls = sorted({remap.control.get(c, c) for c in plan.lowered.control_inputs})
     node.input.extend("^" + c for c in controls)
     node.attr["program"].s = plan.lowered.program.print().encode()
-    node.attr["Tin"].list.type.extend([plan.dtype] * len(plan.lowered.inputs))
-    node.attr["Tout"].list.type.extend([plan.dtype] * len(plan.lowered.outputs))
+    node.attr["Tin"].list.type.extend(plan.lowered.in_dtypes)
+    node.attr["Tout"].list.type.extend(plan.lowered.out_dtypes)
     return node
 
 
@@ -86,15 +87,30 @@ def _identity(plan: Planned, member: str, view: GraphView) -> node_def_pb2.NodeD
     k = plan.lowered.outputs.index(member)
     node = node_def_pb2.NodeDef(name=member, op="Identity", device=view.device(member))
     node.input.append(tensor_name((plan.name, k)))
-    node.attr["T"].type = plan.dtype
+    node.attr["T"].type = plan.lowered.out_dtypes[k]
     return node
 
 
-def splice(view: GraphView, plans: list[Planned]) -> graph_pb2.GraphDef:
+def _dead_consts(view: GraphView, plans: list[Planned], remap: "_Remap", preserve) -> set:
+    """Consts that only fused members read, now immediates of the programs."""
+    read = {tensor[0] for plan in plans for tensor in plan.lowered.inputs}
+    dead = set()
+    for node in view.nodes:
+        if node.op != "Const" or node.name in preserve or node.name in read:
+            continue
+        consumers = view.data_consumers(node.name)
+        if consumers and not view.control_consumers(node.name) and all(
+                c in remap.control for c, _, _ in consumers):
+            dead.add(node.name)
+    return dead
+
+
+def splice(view: GraphView, plans: list[Planned], preserve=frozenset()) -> graph_pb2.GraphDef:
     remap = _Remap(plans)
+    dead = _dead_consts(view, plans, remap, preserve)
     first_member = {}  # the member whose place the fused node takes
     for plan in plans:
-        first_member[min(plan.members, key=view.index)] = plan
+        first_member[min(plan.members + plan.lowered.absorbed, key=view.index)] = plan
     out = graph_pb2.GraphDef()
     out.CopyFrom(view.graph_def)
     del out.node[:]
@@ -105,7 +121,7 @@ def splice(view: GraphView, plans: list[Planned]) -> graph_pb2.GraphDef:
             for member in plan.members:
                 if member in plan.keep_names:
                     out.node.append(_identity(plan, member, view))
-        if node.name in remap.control:
+        if node.name in remap.control or node.name in dead:
             continue
         copy = out.node.add()
         copy.CopyFrom(node)

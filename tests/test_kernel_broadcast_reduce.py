@@ -1,0 +1,753 @@
+"""Views, broadcasting, the new operators, bool, Cast, Select and reductions of the kernel.
+
+Like test_kernel.py, every result is compared with TensorFlow's own ops on the same input and
+with a float64 numpy reference: each element within the dtype's tolerance of TensorFlow's, or
+at least as accurate as TensorFlow's. Reductions must be bit-identical across runs and thread
+counts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from test_kernel import (DTYPES, FLOATS, INT32_MAX, INT32_MIN, _library_path, _load_module,
+                         as_f64, assert_float_close, float_inputs, program_text, run_fused, ulp)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return _load_module()
+
+
+def cast(values, dtype):
+    return tf.cast(tf.constant(values), DTYPES[dtype])
+
+
+def rng_for(*seed):
+    return np.random.default_rng([abs(hash(str(s))) % (2**31) for s in seed])
+
+
+SIZES = (0, 1, 7, 1023, 100_003)
+
+# ---------------------------------------------------------------------------------------------
+# New unary float ops
+
+_LEAKY = 0.2
+NEW_UNARY = {
+    "Tan": (tf.math.tan, np.tan, "trig"),
+    "Atan": (tf.math.atan, np.arctan, "wide"),
+    "Sinh": (tf.math.sinh, np.sinh, "small"),
+    "Cosh": (tf.math.cosh, np.cosh, "small"),
+    "LeakyRelu": (lambda x: tf.nn.leaky_relu(x, alpha=_LEAKY),
+                  lambda x: np.where(x < 0, _LEAKY * x, x), "normal"),
+}
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", sorted(NEW_UNARY))
+def test_new_unary(ops, name, dtype, n):
+    tf_fn, ref_fn, domain = NEW_UNARY[name]
+    x = cast(float_inputs(domain, n, rng_for(name, dtype, n)), dtype)
+    attr = f" alpha={_LEAKY}" if name == "LeakyRelu" else ""
+    (fused,) = run_fused(ops, program_text([f"{dtype}[{n}]"], [f"{name} in0{attr}"], ["%0"]),
+                         [x], [DTYPES[dtype]])
+    unfused = tf_fn(x)
+    with np.errstate(all="ignore"):
+        ref = ref_fn(as_f64(x))
+    if name == "LeakyRelu":  # alpha is a value of the dtype, as in TensorFlow
+        a = tf.constant(_LEAKY, DTYPES[dtype]).numpy().astype(np.float64)
+        ref = np.where(as_f64(x) < 0, a * as_f64(x), as_f64(x))
+    assert fused.shape == unfused.shape and fused.dtype == unfused.dtype
+    assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, f"{name} {dtype}[{n}]")
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_classify_and_logical_not(ops, dtype, n):
+    x = cast(float_inputs("normal", n, rng_for("cls", dtype, n)), dtype)
+    program = program_text([f"{dtype}[{n}]"],
+                           ["IsNan in0", "IsInf in0", "IsFinite in0", "LogicalNot %2",
+                            "LogicalAnd %3, %1", "LogicalOr %0, %4"],
+                           ["%0", "%1", "%2", "%3", "%5"])
+    outs = run_fused(ops, program, [x], [tf.bool] * 5)
+    v = as_f64(x)
+    want = [np.isnan(v), np.isinf(v), np.isfinite(v), ~np.isfinite(v),
+            np.isnan(v) | (~np.isfinite(v) & np.isinf(v))]
+    tf_want = [tf.math.is_nan(x), tf.math.is_inf(x), tf.math.is_finite(x),
+               tf.logical_not(tf.math.is_finite(x))]
+    for got, w in zip(outs, want):
+        assert got.dtype == tf.bool
+        np.testing.assert_array_equal(got.numpy(), w)
+    for got, w in zip(outs, tf_want):
+        np.testing.assert_array_equal(got.numpy(), w.numpy())
+
+
+@pytest.mark.parametrize("dtype", FLOATS + ("i32", "bool"))
+@pytest.mark.parametrize("n", (0, 7, 1023, 100_003))
+def test_zeros_ones_like(ops, dtype, n):
+    if dtype == "bool":
+        x = tf.constant(np.random.default_rng(n).random(n) < 0.5)
+    elif dtype == "i32":
+        x = tf.constant(np.arange(n, dtype=np.int32))
+    else:
+        x = cast(float_inputs("normal", n, rng_for(dtype, n)), dtype)
+    program = program_text([f"{dtype}[?]"], ["ZerosLike in0", "OnesLike in0"], ["%0", "%1"])
+    zeros, ones = run_fused(ops, program, [x], [x.dtype, x.dtype])
+    np.testing.assert_array_equal(zeros.numpy(), tf.zeros_like(x).numpy())
+    np.testing.assert_array_equal(ones.numpy(), tf.ones_like(x).numpy())
+
+
+@pytest.mark.parametrize("n", (0, 1, 7, 1023, 100_003))
+@pytest.mark.parametrize("src", FLOATS)
+@pytest.mark.parametrize("to", FLOATS)
+def test_cast(ops, src, to, n):
+    v = float_inputs("wide", n, rng_for("cast", src, to, n)) * np.where(
+        np.arange(n) % 3 == 0, 1e4, 1.0)
+    x = cast(v, src)
+    program = program_text([f"{src}[{n}]"], [f"Cast in0 to={to}", "Neg %0"], ["%0", "%1"])
+    got, neg = run_fused(ops, program, [x], [DTYPES[to]] * 2)
+    want = tf.cast(x, DTYPES[to])
+    np.testing.assert_array_equal(got.numpy().view(np.uint8), want.numpy().view(np.uint8))
+    np.testing.assert_array_equal(as_f64(neg), -as_f64(want))
+
+
+def test_cast_rounds_in_the_middle(ops):
+    """A Cast to f16 rounds there: f32 -> f16 -> f32 is not the identity."""
+    x = tf.constant([1.0 + 2.0**-12, 65519.0, 1e-8], tf.float32)
+    program = program_text(["f32[3]"], ["Cast in0 to=f16", "Cast %0 to=f32", "Sub in0, %1"],
+                           ["%2"])
+    (got,) = run_fused(ops, program, [x], [tf.float32])
+    want = x - tf.cast(tf.cast(x, tf.float16), tf.float32)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+# ---------------------------------------------------------------------------------------------
+# New binary ops, comparisons, Select
+
+def _floormod(x, y):
+    with np.errstate(all="ignore"):
+        return np.mod(x, y)
+
+
+NEW_BINARY = {
+    "Pow": (tf.pow, lambda x, y: np.power(x, y)),
+    "FloorDiv": (tf.math.floordiv, lambda x, y: np.floor(x / y)),
+    "FloorMod": (tf.math.floormod, _floormod),
+}
+
+
+def _binary_inputs(name, dtype, n):
+    rng = rng_for(name, dtype, n)
+    if name == "Pow":
+        x = np.exp(rng.uniform(-3, 3, n))
+        y = rng.uniform(-4, 4, n)
+        y[: n // 4] = np.round(y[: n // 4])  # integral exponents, negative bases
+        x[: n // 8] = -x[: n // 8]
+    else:
+        x = rng.normal(0, 20, n)
+        y = rng.normal(0, 3, n)
+        y[np.abs(y) < 0.05] = 0.5
+    return cast(x, dtype), cast(y, dtype)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", sorted(NEW_BINARY))
+def test_new_binary(ops, name, dtype, n):
+    tf_fn, ref_fn = NEW_BINARY[name]
+    x, y = _binary_inputs(name, dtype, n)
+    (fused,) = run_fused(ops, program_text([f"{dtype}[{n}]"] * 2, [f"{name} in0, in1"], ["%0"]),
+                         [x, y], [DTYPES[dtype]])
+    unfused = tf_fn(x, y)
+    with np.errstate(all="ignore"):
+        ref = ref_fn(as_f64(x), as_f64(y))
+    assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, f"{name} {dtype}[{n}]")
+
+
+def test_floormod_sign_of_y(ops):
+    x = tf.constant([5.0, -5.0, 5.0, -5.0, 0.0, -0.0, 7.5], tf.float32)
+    y = tf.constant([3.0, 3.0, -3.0, -3.0, 2.0, -2.0, 2.5], tf.float32)
+    (got,) = run_fused(ops, program_text(["f32[7]"] * 2, ["FloorMod in0, in1"], ["%0"]), [x, y],
+                       [tf.float32])
+    np.testing.assert_array_equal(got.numpy(), tf.math.floormod(x, y).numpy())
+    np.testing.assert_array_equal(np.signbit(got.numpy()),
+                                  np.signbit(tf.math.floormod(x, y).numpy()))
+
+
+COMPARISONS = {
+    "Greater": tf.greater, "GreaterEqual": tf.greater_equal, "Less": tf.less,
+    "LessEqual": tf.less_equal, "Equal": tf.equal, "NotEqual": tf.not_equal,
+}
+
+
+@pytest.mark.parametrize("n", (0, 1, 7, 1023, 100_003))
+@pytest.mark.parametrize("dtype", FLOATS + ("i32",))
+def test_comparisons_and_select(ops, dtype, n):
+    rng = rng_for("cmp", dtype, n)
+    if dtype == "i32":
+        x = tf.constant(rng.integers(-5, 5, n).astype(np.int32))
+        y = tf.constant(rng.integers(-5, 5, n).astype(np.int32))
+    else:
+        x = cast(np.round(float_inputs("normal", n, rng, 0)), dtype)
+        y = cast(np.round(float_inputs("normal", n, rng, 1)), dtype)
+    names = sorted(COMPARISONS)
+    lines = [f"{name} in0, in1" for name in names]
+    lines += [f"Select %{names.index('Greater')}, in0, in1", "Select %0, %6, 2",
+              "Less in0, 1"]
+    program = program_text([f"{dtype}[?]"] * 2, lines, [f"%{i}" for i in range(len(lines))])
+    outs = run_fused(ops, program, [x, y], [tf.bool] * 6 + [x.dtype] * 2 + [tf.bool])
+    for got, name in zip(outs, names):
+        np.testing.assert_array_equal(got.numpy(), COMPARISONS[name](x, y).numpy(), err_msg=name)
+    sel = tf.where(tf.greater(x, y), x, y)
+    np.testing.assert_array_equal(as_f64(outs[6]), as_f64(sel))
+    two = tf.constant(2, x.dtype)
+    np.testing.assert_array_equal(as_f64(outs[7]),
+                                  as_f64(tf.where(outs[0], sel, tf.fill(tf.shape(x), two))))
+    np.testing.assert_array_equal(outs[8].numpy(), tf.less(x, tf.constant(1, x.dtype)).numpy())
+
+
+def test_bool_inputs_outputs_and_literals(ops):
+    a = tf.constant([True, False, True, False])
+    b = tf.constant([True, True, False, False])
+    program = program_text(["bool[4]", "bool[4]"],
+                           ["LogicalAnd in0, in1", "LogicalOr %0, false", "LogicalAnd in1, true",
+                            "Select in0, 1.5, %3", "Cast %3 to=f32"], [])
+    # Select needs a non-immediate x or y: the program above is malformed on purpose
+    with pytest.raises(tf.errors.InvalidArgumentError, match="program line"):
+        run_fused(ops, program + "out0 = %0", [a, b], [tf.bool])
+    x = tf.constant([1.0, 2.0, 3.0, 4.0])
+    program = program_text(["bool[4]", "bool[4]", "f32[4]"],
+                           ["LogicalAnd in0, in1", "LogicalOr %0, false", "LogicalAnd in1, true",
+                            "Select %1, in2, -1.0", "Select true, %3, in2"],
+                           ["%1", "%2", "%4", "in0"])
+    o1, o2, o3, o4 = run_fused(ops, program, [a, b, x], [tf.bool, tf.bool, tf.float32, tf.bool])
+    np.testing.assert_array_equal(o1.numpy(), [True, False, False, False])
+    np.testing.assert_array_equal(o2.numpy(), b.numpy())
+    np.testing.assert_array_equal(o3.numpy(), [1.0, -1.0, -1.0, -1.0])
+    np.testing.assert_array_equal(o4.numpy(), a.numpy())
+
+
+# ---------------------------------------------------------------------------------------------
+# Broadcasting and views
+
+BROADCASTS = [
+    # (shape of in0, shape of in1, declared view of in1 or None)
+    ([64, 33], [], None),                # scalar
+    ([1000, 37], [37], None),            # trailing vector, rows across tiles
+    ([4096, 100], [100], None),
+    ([1000, 37], [1000, 1], None),       # column
+    ([5, 7, 9, 33], [5, 1, 1, 33], None),  # middle
+    ([3, 1, 5], [1, 4, 1], None),        # both stretched
+    ([2, 3, 5], [5], None),              # rank mismatch
+    ([4, 16, 9, 10], [16], [16, 1, 1]),  # NCHW bias through a view
+    ([1], [300, 7], None),               # in0 is the stretched one
+    ([0, 5], [5], None),                 # empty
+    ([7], [1], None),
+]
+
+
+def _decl(dtype, shape, view=None):
+    text = f"{dtype}[{','.join(str(d) for d in shape)}]"
+    if view is not None:
+        text += f" -> [{','.join(str(d) for d in view)}]"
+    return text
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64", "i32"])
+@pytest.mark.parametrize("case", range(len(BROADCASTS)))
+def test_broadcast_patterns(ops, case, dtype):
+    s0, s1, view = BROADCASTS[case]
+    rng = rng_for("bc", case, dtype)
+    if dtype == "i32":
+        x = tf.constant(rng.integers(-100, 100, s0).astype(np.int32))
+        y = tf.constant(rng.integers(-100, 100, s1).astype(np.int32))
+    else:
+        x = cast(rng.normal(0, 3, s0), dtype)
+        y = cast(rng.normal(0, 3, s1), dtype)
+    lines = ["Abs in0", "Add %0, in1", "Relu %1", "Mul in1, %2", "Maximum in0, in1"]
+    program = program_text([_decl(dtype, s0), _decl(dtype, s1, view)], lines,
+                           ["%3", "%4", "in1"])
+    outs = run_fused(ops, program, [x, y], [x.dtype] * 3)
+    yv = tf.reshape(y, view) if view is not None else y
+    want = [yv * tf.nn.relu(tf.abs(x) + yv), tf.maximum(x, yv),
+            tf.broadcast_to(yv, tf.broadcast_dynamic_shape(tf.shape(x), tf.shape(yv)))]
+    for got, w in zip(outs, want):
+        assert got.shape == w.shape, (got.shape, w.shape)
+    # Add, Mul, Abs, Relu, Maximum are exact (16-bit sums and products are exact in fp32 before
+    # their one rounding), so the results equal TensorFlow's bit for bit... except that Mul of
+    # the rounded 16-bit sum matches only because TensorFlow rounds in between too: compare the
+    # chain through the float64 reference where rounding differs.
+    if dtype in ("f16", "bf16"):
+        ref = as_f64(yv) * np.maximum(np.abs(as_f64(x)) + as_f64(yv), 0)
+        assert_float_close(as_f64(outs[0]), as_f64(want[0]), ref, dtype, "chain",
+                           scale=np.abs(as_f64(yv)) * (np.abs(as_f64(x)) + np.abs(as_f64(yv))))
+    else:
+        np.testing.assert_array_equal(outs[0].numpy(), want[0].numpy())
+    np.testing.assert_array_equal(as_f64(outs[1]), as_f64(want[1]))
+    np.testing.assert_array_equal(as_f64(outs[2]), as_f64(want[2]))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_broadcast_large_bias_relu(ops, dtype):
+    """Abs, a [C] bias, Relu over many tiles and both threads; and a column, and a scalar."""
+    rng = np.random.default_rng(1)
+    x = cast(rng.normal(size=(1531, 769)), dtype)
+    b = cast(rng.normal(size=(769,)), dtype)
+    c = cast(rng.normal(size=(1531, 1)), dtype)
+    s = cast(rng.normal(size=()), dtype)
+    program = program_text([_decl(dtype, [1531, 769]), _decl(dtype, [769]),
+                            _decl(dtype, [1531, 1]), _decl(dtype, [])],
+                           ["Abs in0", "Add %0, in1", "Relu %1", "Sub %2, in2", "Mul %3, in3"],
+                           ["%2", "%4"])
+    o1, o2 = run_fused(ops, program, [x, b, c, s], [x.dtype] * 2)
+    w1 = tf.nn.relu(tf.abs(x) + b)
+    np.testing.assert_array_equal(as_f64(o1), as_f64(w1))
+    ref = (np.maximum(np.abs(as_f64(x)) + as_f64(b), 0) - as_f64(c)) * as_f64(s)
+    assert_float_close(as_f64(o2), as_f64((w1 - c) * s), ref, dtype, "column, scalar",
+                       scale=(np.abs(as_f64(x)) + np.abs(as_f64(b)) + np.abs(as_f64(c)))
+                       * np.abs(as_f64(s)))
+
+
+def test_view_with_unknown_dim_and_output_view(ops):
+    x = tf.constant(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    bias = tf.constant(np.arange(3, dtype=np.float32))
+    program = ("in0: f32[?,3,4]\nin1: f32[3] -> [?,1]\n%0 = Add in0, in1\n"
+               "out0 = %0 -> [?,12]\nout1 = in1")
+    o0, o1 = run_fused(ops, program, [x, bias], [tf.float32, tf.float32])
+    want = x + tf.reshape(bias, [3, 1])
+    np.testing.assert_array_equal(o0.numpy(), tf.reshape(want, [2, 12]).numpy())
+    np.testing.assert_array_equal(o1.numpy(), tf.broadcast_to(tf.reshape(bias, [3, 1]),
+                                                              [2, 3, 4]).numpy())
+
+
+def test_broadcast_error_names_kernel_and_shapes(ops):
+    program = "in0: f32[?,?]\nin1: f32[?]\n%0 = Add in0, in1\nout0 = %0"
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"AutofuseKernel '.*'.*do not broadcast: input 0 of shape "
+                             r"\[4,5\] and input 1 of shape \[6\]"):
+        run_fused(ops, program, [tf.zeros([4, 5]), tf.zeros([6])], [tf.float32], name="my_node")
+    program = "in0: f32[?,?]\nin1: f32[?] -> [?,2]\n%0 = Add in0, in1\nout0 = %0"
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"AutofuseKernel '.*'.*input 1 of shape \[6\] read as \[3,2\]"):
+        run_fused(ops, program, [tf.zeros([4, 2]), tf.zeros([6])], [tf.float32])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input 1 has shape \[5\] \(5 elements\), which cannot be read as "
+                             r"the view of in1: f32\[\?\] -> \[\?,2\]"):
+        run_fused(ops, program, [tf.zeros([4, 2]), tf.zeros([5])], [tf.float32])
+    program = "in0: f32[?,?]\n%0 = Abs in0\nout0 = %0 -> [7]"
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"AutofuseKernel '.*'.*program line 3: out0 -> \[7\] does not fit"):
+        run_fused(ops, program, [tf.zeros([4, 2])], [tf.float32])
+
+
+def test_shape_function_broadcasts(ops):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 10])
+        b = tf.compat.v1.placeholder(tf.float32, [10])
+        c = tf.compat.v1.placeholder(tf.float32, [None])
+        (y,) = run_fused(ops, "in0: f32[?,?]\nin1: f32[10]\n%0 = Add in0, in1\nout0 = %0",
+                         [x, b], [tf.float32])
+        assert y.shape.as_list() == [None, 10]
+        (y,) = run_fused(ops, "in0: f32[?,10]\nin1: f32[?] -> [?,1,1]\n%0 = Add in0, in1\n"
+                              "out0 = %0", [x, c], [tf.float32])
+        assert y.shape.as_list() == [None, None, 10]
+        s, m = run_fused(ops, "in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Sub in0, %0\n"
+                              "out0 = %0 -> [?]\nout1 = %1", [x], [tf.float32] * 2)
+        assert s.shape.as_list() == [None] and m.shape.as_list() == [None, 10]
+        k = tf.compat.v1.placeholder(tf.float32, [6, 4])
+        (y,) = run_fused(ops, "in0: f32[6,4]\n%0 = Mean in0 axes=[0]\nout0 = %0 -> [?]", [k],
+                         [tf.float32])
+        assert y.shape.as_list() == [4]
+        (y,) = run_fused(ops, "in0: f32[6,4] -> [2,?]\n%0 = Abs in0\nout0 = %0", [k],
+                         [tf.float32])
+        assert y.shape.as_list() == [2, 12]
+        with pytest.raises((ValueError, tf.errors.InvalidArgumentError),
+                           match=r"(?s)do not broadcast.*bad_node"):
+            run_fused(ops, "in0: f32[?,?]\nin1: f32[?]\n%0 = Add in0, in1\nout0 = %0",
+                      [k, tf.compat.v1.placeholder(tf.float32, [5])], [tf.float32],
+                      name="bad_node")
+
+
+def test_malformed_views_and_attrs_name_the_line(ops):
+    x = tf.zeros([2, 3])
+    bad = {
+        "in0: f32[2,3] -> [?,?]\n%0 = Abs in0\nout0 = %0": ("line 1", "at most one ?"),
+        "in0: f32[2,3] -> [*]\n%0 = Abs in0\nout0 = %0": ("line 1", "known rank"),
+        "in0: f32[2,3] -> [7]\n%0 = Abs in0\nout0 = %0": ("line 1", "has 7 elements"),
+        "in0: f32[2,3]\n%0 = Sum in0 axes=[0,2]\nout0 = %0": ("line 2", "consecutive"),
+        "in0: f32[2,3]\n%0 = Sum in0 axes=[1,0]\nout0 = %0": ("line 2", "consecutive"),
+        "in0: f32[2,3]\n%0 = Sum in0 axes=[-1]\nout0 = %0": ("line 2", "bad axis"),
+        "in0: f32[2,3]\n%0 = Sum in0 axes=[2]\nout0 = %0": ("line 2", "out of range"),
+        "in0: f32[2,3]\n%0 = Sum in0\nout0 = %0": ("line 2", "needs the attribute axes="),
+        "in0: f32[2,3]\n%0 = Sum in0 axes=[0]\n%1 = Max in0 axes=[1]\nout0 = %1":
+            ("line 3", "differ from the axes [0]"),
+        "in0: f32[2,3]\n%0 = Sum in0 axes=[2]\n%1 = Max %0 axes=[2]\nout0 = %1":
+            ("line 2", "out of range"),
+        "in0: f32[2,3]\n%0 = Sum 1.0 axes=[1]\nout0 = %0": ("line 2", "not an immediate"),
+        "in0: f32[2,3]\n%0 = Cast in0 to=i32\nout0 = %0": ("line 2", "bad to='i32'"),
+        "in0: f32[2,3]\n%0 = Cast in0\nout0 = %0": ("line 2", "needs the attribute to="),
+        "in0: f32[2,3]\n%0 = LeakyRelu in0 alpha=x\nout0 = %0": ("line 2", "bad alpha"),
+        "in0: f32[2,3]\n%0 = LeakyRelu in0 to=f32\nout0 = %0": ("line 2", "alpha="),
+        "in0: f32[2,3]\n%0 = Select in0, in0, in0\nout0 = %0": ("line 2", "must be bool"),
+        "in0: f32[2,3]\n%0 = LogicalNot in0\nout0 = %0": ("line 2", "does not allow dtype f32"),
+        "in0: f32[2,3]\n%0 = Add in0, true\nout0 = %0": ("line 2", "is not a f32"),
+        "in0: f32[2,3]\n%0 = Greater in0, 1.0\n%1 = LogicalAnd %0, 1\nout0 = %1":
+            ("line 3", "is not a bool"),
+        "in0: f32[2,3]\n%0 = Abs in0\nout0 = %0 -> [?,?]": ("line 3", "at most one ?"),
+        "in0: f32[2,3]\nin1: f32[4]\n%0 = Add in0, in1\nout0 = %0": ("", "do not broadcast"),
+        "in0: f32[*]\n%0 = Sum in0 axes=[0]\nout0 = %0": ("line 1", "known rank"),
+    }
+    for program, (line, message) in bad.items():
+        inputs = [x, tf.zeros([4])] if "in1" in program else [x]
+        with pytest.raises(tf.errors.InvalidArgumentError) as err:
+            run_fused(ops, program, inputs, [tf.float32])
+        text = str(err.value)
+        assert message in text, (program, text)
+        assert f"program {line}" in text if line else True, (program, text)
+        assert "AutofuseKernel '" in text, text
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions
+
+REDUCTIONS = {
+    "Sum": (tf.reduce_sum, np.sum),
+    "Mean": (tf.reduce_mean, np.mean),
+    "Max": (tf.reduce_max, np.max),
+    "Min": (tf.reduce_min, np.min),
+    "Prod": (tf.reduce_prod, np.prod),
+}
+
+REDUCE_CASES = [
+    # (shape, axes)
+    ([37, 1000], [1]),       # rows
+    ([37, 1000], [0]),       # columns
+    ([5, 6, 700], [1]),      # a middle axis
+    ([3, 4, 5, 6], [1, 2]),  # two middle axes of a rank-4 tensor
+    ([2, 9000], [1]),        # a row longer than a tile
+    ([9000, 3], [0]),
+    ([7], [0]),              # everything
+    ([1], [0]),
+    ([4, 0], [1]),           # empty reductions
+    ([0, 4], [0]),
+    ([0, 4], [1]),           # nothing to reduce into
+    ([3, 5000, 2], [1]),
+    ([300, 7], [1]),         # short rows: several rows per tile
+    ([2000, 33], [1]),
+    ([5, 40, 256, 1], [2]),
+    ([9, 257], [1]),
+]
+
+
+def _reduce_input(name, dtype, shape, rng):
+    if dtype == "i32":
+        if name == "Prod":
+            return tf.constant(rng.integers(-3, 4, shape).astype(np.int32))
+        return tf.constant(rng.integers(INT32_MIN, INT32_MAX, shape, endpoint=True)
+                           .astype(np.int32))
+    if name == "Prod":
+        v = np.exp(rng.normal(0, 0.01, shape)) * np.where(rng.random(shape) < 0.5, -1, 1)
+    else:
+        v = rng.normal(1.0, 3.0, shape)
+    return cast(v, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS + ("i32",))
+@pytest.mark.parametrize("case", range(len(REDUCE_CASES)))
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reductions(ops, name, case, dtype):
+    shape, axes = REDUCE_CASES[case]
+    x = _reduce_input(name, dtype, shape, rng_for(name, case, dtype))
+    ax = ",".join(map(str, axes))
+    squeezed = [d for i, d in enumerate(shape) if i not in axes]
+    program = (f"in0: {dtype}[{','.join('?' * len(shape))}]\n%0 = {name} in0 axes=[{ax}]\n"
+               f"out0 = %0\nout1 = %0 -> [{','.join(map(str, squeezed))}]")
+    keep, flat = run_fused(ops, program, [x], [x.dtype] * 2)
+    tf_fn, np_fn = REDUCTIONS[name]
+    want = tf_fn(x, axis=axes, keepdims=True)
+    assert keep.shape == want.shape and flat.shape == tuple(squeezed)
+    np.testing.assert_array_equal(keep.numpy().ravel(), flat.numpy().ravel())
+    if dtype == "i32" or x.shape.num_elements() == 0:
+        np.testing.assert_array_equal(keep.numpy(), want.numpy())
+        return
+    v = as_f64(x)
+    with np.errstate(all="ignore"):  # f64: np.sum is no exact reference, long double is
+        ref = np_fn(v.astype(np.longdouble) if dtype == "f64" else v, axis=tuple(axes),
+                    keepdims=True).astype(np.float64)
+    if name in ("Max", "Min"):
+        np.testing.assert_array_equal(as_f64(keep), as_f64(want))
+        return
+    scale = np.sum(np.abs(v), axis=tuple(axes), keepdims=True)
+    if name == "Mean":
+        scale = scale / max(1, int(np.prod([shape[a] for a in axes])))
+    if name == "Prod":
+        scale = None
+    assert_float_close(as_f64(keep), as_f64(want), ref, dtype, f"{name} {dtype}{shape}",
+                       scale=scale)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "f64"])
+def test_max_min_propagate_nan(ops, dtype):
+    v = np.random.default_rng(0).normal(size=(6, 40))
+    v[1, 3] = np.nan
+    v[4, 39] = np.nan
+    v[:, 5] = np.inf
+    x = cast(v, dtype)
+    for axis in (0, 1):
+        program = f"in0: {dtype}[6,40]\n%0 = Max in0 axes=[{axis}]\n%1 = Min in0 axes=[{axis}]\n" \
+                  "out0 = %0\nout1 = %1"
+        mx, mn = run_fused(ops, program, [x], [x.dtype] * 2)
+        np.testing.assert_array_equal(as_f64(mx), np.max(v.astype(x.dtype.as_numpy_dtype)
+                                                         .astype(np.float64), axis=axis,
+                                                         keepdims=True))
+        np.testing.assert_array_equal(as_f64(mn), np.min(as_f64(x), axis=axis, keepdims=True))
+
+
+def _softmax_program(dtype, rank_decl="?,?"):
+    return (f"in0: {dtype}[{rank_decl}]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
+            "%3 = Sum %2 axes=[1]\n%4 = Div %2, %3\nout0 = %4")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 10), (64, 1000), (5, 9001), (1000, 7), (4000, 10),
+                                   (333, 256), (100, 100)])
+def test_softmax(ops, dtype, shape):
+    x = cast(np.random.default_rng(shape[1]).normal(0, 4, shape), dtype)
+    (fused,) = run_fused(ops, _softmax_program(dtype), [x], [x.dtype])
+    unfused = tf.nn.softmax(x, axis=-1)
+    v = as_f64(x)
+    e = np.exp(v - v.max(axis=1, keepdims=True))
+    ref = e / e.sum(axis=1, keepdims=True)
+    # exp(x - max) amplifies the rounding of x - max (in the dtype, fused or not) |x - max| times:
+    # ulps are measured at that scale.
+    scale = ref * np.maximum(1.0, np.abs(v - v.max(axis=1, keepdims=True)))
+    assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, f"softmax {dtype}{shape}",
+                       scale=scale)
+    # the unfused op sequence a rewriter would replace
+    seq = tf.exp(x - tf.reduce_max(x, 1, keepdims=True))
+    seq = seq / tf.reduce_sum(seq, 1, keepdims=True)
+    assert_float_close(as_f64(fused), as_f64(seq), ref, dtype, f"softmax ops {dtype}{shape}",
+                       scale=scale)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "f64"])
+@pytest.mark.parametrize("shape", [(5000, 7), (300, 64), (40, 300), (3, 2000)])
+def test_softmax_over_axis_0(ops, dtype, shape):
+    """Reduced values read back over a leading axis (short inner blocks: several per tile)."""
+    x = cast(np.random.default_rng(shape[0]).normal(0, 3, shape), dtype)
+    program = (f"in0: {dtype}[?,?]\n%0 = Max in0 axes=[0]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
+               "%3 = Sum %2 axes=[0]\n%4 = Div %2, %3\nout0 = %4\nout1 = %3 -> [?]")
+    fused, total = run_fused(ops, program, [x], [x.dtype] * 2)
+    v = as_f64(x)
+    e = np.exp(v - v.max(axis=0, keepdims=True))
+    ref = e / e.sum(axis=0, keepdims=True)
+    scale = ref * np.maximum(1.0, np.abs(v - v.max(axis=0, keepdims=True)))
+    assert_float_close(as_f64(fused), as_f64(tf.nn.softmax(x, axis=0)), ref, dtype,
+                       f"softmax axis 0 {dtype}{shape}", scale=scale)
+    assert total.shape == (shape[1],)
+
+
+def _layer_norm_program(dtype, c):
+    return (f"in0: {dtype}[?,{c}]\nin1: {dtype}[{c}]\nin2: {dtype}[{c}]\n"
+            "%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Square %1\n%3 = Mean %2 axes=[1]\n"
+            "%4 = Add %3, 1e-05\n%5 = Rsqrt %4\n%6 = Mul %1, %5\n%7 = Mul %6, in1\n"
+            "%8 = Add %7, in2\nout0 = %8\nout1 = %0\nout2 = %3 -> [?]")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 768), (300, 1000), (3, 5000), (1001, 64), (50, 3)])
+def test_layer_norm(ops, dtype, shape):
+    rng = np.random.default_rng(shape[0])
+    x = cast(rng.normal(2.0, 3.0, shape), dtype)
+    gamma = cast(rng.normal(1.0, 0.5, shape[1]), dtype)
+    beta = cast(rng.normal(0.0, 0.5, shape[1]), dtype)
+    y, mean, var = run_fused(ops, _layer_norm_program(dtype, shape[1]), [x, gamma, beta],
+                             [x.dtype] * 3)
+    m = tf.reduce_mean(x, 1, keepdims=True)
+    d = x - m
+    vv = tf.reduce_mean(tf.square(d), 1, keepdims=True)
+    eps = tf.constant(1e-05, x.dtype)
+    unfused = d * tf.math.rsqrt(vv + eps) * gamma + beta
+    xv, g, b = as_f64(x), as_f64(gamma), as_f64(beta)
+    mr = xv.mean(axis=1, keepdims=True)
+    vr = ((xv - mr) ** 2).mean(axis=1, keepdims=True)
+    epsr = eps.numpy().astype(np.float64)
+    ref = (xv - mr) / np.sqrt(vr + epsr) * g + b
+    assert_float_close(as_f64(mean), as_f64(m), mr, dtype, "mean",
+                       scale=np.abs(xv).mean(axis=1, keepdims=True))
+    assert_float_close(as_f64(var).reshape(-1, 1), as_f64(vv), vr, dtype, "variance")
+    scale = (np.abs(xv) + np.abs(mr)) / np.sqrt(vr + epsr) * np.abs(g) + np.abs(b)
+    assert_float_close(as_f64(y), as_f64(unfused), ref, dtype, f"layer norm {dtype}{shape}",
+                       scale=scale)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_reduction_with_broadcast_inputs_and_reduced_inputs(ops, dtype):
+    """A [N,1] input is a reduced value: mixed into the mean, and output in keep_dims form."""
+    rng = np.random.default_rng(4)
+    x = cast(rng.normal(size=(50, 300)), dtype)
+    col = cast(rng.normal(size=(50, 1)), dtype)
+    row = cast(rng.normal(size=(300,)), dtype)
+    program = (f"in0: {dtype}[50,300]\nin1: {dtype}[50,1]\nin2: {dtype}[300]\n"
+               "%0 = Mul in0, in2\n%1 = Sum %0 axes=[1]\n%2 = Mul %1, in1\n%3 = Add %2, 1.0\n"
+               "%4 = Sub in0, %3\nout0 = %3\nout1 = %4\nout2 = in1")
+    o0, o1, o2 = run_fused(ops, program, [x, col, row], [x.dtype] * 3)
+    s = tf.reduce_sum(x * row, 1, keepdims=True)
+    w0 = s * col + tf.constant(1.0, x.dtype)
+    r0 = np.sum(as_f64(x) * as_f64(row), 1, keepdims=True) * as_f64(col) + 1.0
+    sc = np.sum(np.abs(as_f64(x) * as_f64(row)), 1, keepdims=True) * np.abs(as_f64(col)) + 1
+    assert o0.shape == (50, 1) and o1.shape == (50, 300) and o2.shape == (50, 1)
+    assert_float_close(as_f64(o0), as_f64(w0), r0, dtype, "reduced", scale=sc)
+    np.testing.assert_array_equal(o2.numpy(), col.numpy())
+    assert_float_close(as_f64(o1), as_f64(x - w0), as_f64(x) - r0, dtype, "full",
+                       scale=np.abs(as_f64(x)) + sc)
+
+
+def test_sum_is_at_least_as_accurate_as_tensorflow(ops):
+    """f32 sums accumulate in f64: a long row of values with cancellation."""
+    rng = np.random.default_rng(9)
+    v = np.concatenate([rng.normal(0, 1e4, (4, 50000)), rng.normal(0, 1, (4, 50000))], axis=1)
+    x = tf.constant(v.astype(np.float32))
+    (s,) = run_fused(ops, "in0: f32[?,?]\n%0 = Sum in0 axes=[1]\nout0 = %0 -> [?]", [x],
+                     [tf.float32])
+    ref = as_f64(x).sum(axis=1)
+    assert np.all(np.abs(as_f64(s) - ref) <= np.abs(as_f64(tf.reduce_sum(x, 1)) - ref)
+                  + ulp(ref, "f32"))
+
+
+# Runs in a fresh process: TensorFlow sizes its intra-op pool once per process unless
+# TF_OVERRIDE_GLOBAL_THREADPOOL gives every session its own, sized by its ConfigProto.
+_THREADS_SCRIPT = """
+import sys
+import numpy as np
+import tensorflow as tf
+
+library, program, values_path, out_path = sys.argv[1:5]
+ops = tf.load_op_library(library)
+values = np.load(values_path)
+results = []
+for threads in (1, 2, 2):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.as_dtype(values.dtype), None)
+        outs = ops.autofuse_kernel(inputs=[x], Tout=[x.dtype] * 3, program=program)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                      inter_op_parallelism_threads=1)
+    with tf.compat.v1.Session(graph=graph, config=config) as sess:
+        results.append(np.concatenate([o.ravel() for o in sess.run(outs, {x: values})]))
+np.save(out_path, np.stack(results))
+"""
+
+
+@pytest.mark.parametrize("dtype,shape,axis", [("f32", (3000, 700), 1), ("f16", (300, 7000), 1),
+                                              ("f32", (700, 3000), 0), ("f32", (100003, 10), 1),
+                                              ("f64", (100003, 3), 0)])
+def test_reductions_bit_identical_across_runs_and_threads(ops, dtype, shape, axis, tmp_path):
+    values = cast(np.random.default_rng(5).normal(0, 3, shape), dtype).numpy()
+    program = (f"in0: {dtype}[?,?]\n%0 = Max in0 axes=[{axis}]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
+               f"%3 = Sum %2 axes=[{axis}]\n%4 = Div %2, %3\n%5 = Mean in0 axes=[{axis}]\n"
+               "out0 = %4\nout1 = %3\nout2 = %5")
+    np.save(tmp_path / "values.npy", values)
+    env = dict(os.environ, TF_OVERRIDE_GLOBAL_THREADPOOL="1", TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, _library_path(), program,
+                    str(tmp_path / "values.npy"), str(tmp_path / "out.npy")],
+                   check=True, env=env, timeout=300)
+    one, two, again = np.load(tmp_path / "out.npy")
+    eager = np.concatenate([o.numpy().ravel() for o in
+                            run_fused(ops, program, [tf.constant(values)], [values.dtype] * 3)])
+    bits = lambda a: np.asarray(a).view(np.uint16 if dtype == "f16" else np.uint32)  # noqa
+    np.testing.assert_array_equal(bits(one), bits(two))
+    np.testing.assert_array_equal(bits(two), bits(again))
+    np.testing.assert_array_equal(bits(one), bits(eager))
+
+
+@pytest.mark.parametrize("n", [1023, 200_003])
+def test_forwarding_with_broadcast_inputs(ops, n):
+    """A same-shape input may give its buffer to an output; a broadcast one never does."""
+    program = "in0: f32[?,?]\nin1: f32[?]\n%0 = Add in0, in1\n%1 = Mul %0, in0\nout0 = %1"
+
+    @tf.function
+    def fused_fn(x, b, one):
+        return run_fused(ops, program, [x * one, b * one], [tf.float32])
+
+    rng = np.random.default_rng(n)
+    x = tf.constant(rng.normal(size=(n // 1000 + 1, 1000)).astype(np.float32))
+    b = tf.constant(rng.normal(size=(1000,)).astype(np.float32))
+    (got,) = fused_fn(x, b, tf.constant(1.0))
+    np.testing.assert_array_equal(got.numpy(), ((x + b) * x).numpy())
+
+
+def test_reduction_of_reduced_values(ops):
+    """Reducing a value that is 1 along the reduced axes: R copies of it."""
+    x = tf.constant(np.random.default_rng(2).normal(size=(4, 5)).astype(np.float32))
+    program = ("in0: f32[4,5]\n%0 = Max in0 axes=[1]\n%1 = Sum %0 axes=[1]\n%2 = Mean %0 axes=[1]\n"
+               "%3 = Prod %0 axes=[1]\nout0 = %1\nout1 = %2\nout2 = %3")
+    s, m, p = run_fused(ops, program, [x], [tf.float32] * 3)
+    mx = tf.reduce_max(x, 1, keepdims=True)
+    np.testing.assert_allclose(s.numpy(), tf.reduce_sum(tf.broadcast_to(mx, [4, 5]), 1,
+                                                        keepdims=True).numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(m.numpy(), mx.numpy())
+    np.testing.assert_allclose(p.numpy(), mx.numpy() ** 5, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark: python tests/test_kernel_broadcast_reduce.py --bench
+
+def benchmark():
+    from test_kernel import _median_ms
+
+    os.environ.pop("AUTOFUSE_FLAGS", None)  # TensorFlow's own ops must run unfused
+    ops = _load_module()
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(4096, 4096)).astype(np.float32))
+    bias = tf.constant(rng.normal(size=(4096,)).astype(np.float32))
+    h = tf.constant(rng.normal(size=(16384, 768)).astype(np.float32))
+    gamma = tf.constant(rng.normal(size=(768,)).astype(np.float32))
+    beta = tf.constant(rng.normal(size=(768,)).astype(np.float32))
+
+    def layer_norm(a, g, b):
+        m = tf.reduce_mean(a, 1, keepdims=True)
+        d = a - m
+        v = tf.reduce_mean(tf.square(d), 1, keepdims=True)
+        return d * tf.math.rsqrt(v + 1e-05) * g + b
+
+    def softmax(a):
+        e = tf.exp(a - tf.reduce_max(a, 1, keepdims=True))
+        return e / tf.reduce_sum(e, 1, keepdims=True)
+
+    cases = [
+        ("abs+bias[4096]+relu [4096,4096]",
+         "in0: f32[4096,4096]\nin1: f32[4096]\n%0 = Abs in0\n%1 = Add %0, in1\n%2 = Relu %1\n"
+         "out0 = %2", [x, bias], lambda a, b: tf.nn.relu(tf.abs(a) + b)),
+        ("abs+sum(axis 1) [4096,4096]",
+         "in0: f32[4096,4096]\n%0 = Abs in0\n%1 = Sum %0 axes=[1]\nout0 = %1 -> [4096]", [x],
+         lambda a: tf.reduce_sum(tf.abs(a), 1)),
+        ("softmax(last axis) [4096,4096]", _softmax_program("f32", "4096,4096"), [x], softmax),
+        ("layer norm [16384,768]", _layer_norm_program("f32", 768).rsplit("\nout1", 1)[0],
+         [h, gamma, beta], layer_norm),
+    ]
+    for name, program, inputs, tf_fn in cases:
+        fused = tf.function(lambda *a, p=program: run_fused(ops, p, a, [tf.float32])[0])
+        unfused = tf.function(tf_fn)
+        got, want = fused(*inputs), unfused(*inputs)
+        err = float(tf.reduce_max(tf.abs(got - want)))
+        rows = {"fused": lambda: fused(*inputs), "TF ops (tf.function)": lambda: unfused(*inputs),
+                "TF ops (eager)": lambda: tf_fn(*inputs)}
+        print(f"{name}: " + ", ".join(f"{k} {_median_ms(f, reps=10):.1f} ms"
+                                      for k, f in rows.items()) + f" (max |diff| {err:.2g})",
+              flush=True)
+
+
+if __name__ == "__main__":
+    if "--bench" in sys.argv:
+        benchmark()
+    else:
+        sys.exit(pytest.main([__file__, "-q"] + sys.argv[1:]))
