@@ -27,11 +27,19 @@ def load():
             from .rewriter import catalog
 
             path = _build.library_path()
-            module = tf.load_op_library(str(path))
-            cdll = ctypes.CDLL(str(path))
-            # The bridge skips graphs holding none of these op types without calling Python.
-            names = ",".join(sorted(catalog.candidate_op_types()))
-            cdll.autofuse_set_candidate_ops(names.encode())
+            try:
+                module = tf.load_op_library(str(path))
+                cdll = ctypes.CDLL(str(path))
+                # The bridge skips graphs holding none of these op types without calling Python.
+                names = ",".join(sorted(catalog.candidate_op_types()))
+                cdll.autofuse_set_candidate_ops(names.encode())
+            except (tf.errors.OpError, OSError, AttributeError) as err:
+                # a truncated or foreign file, a library built for another TensorFlow, a
+                # sanitized build without its runtime preloaded: say which file and how to fix it
+                raise _build.BuildError(
+                    f"the kernel library {path} does not load ({type(err).__name__}: "
+                    f"{str(err).strip()[:300]}). Delete it so that it is built again, or point "
+                    f"{_build.CACHE_ENV} at an empty writable directory.") from None
             _module, _cdll = module, cdll
         return _module
 
