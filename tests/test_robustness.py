@@ -245,14 +245,20 @@ def test_bad_fused_node_is_invalid_argument_naming_the_node(ops, what, graph_def
         assert word in text, (word, text)
 
 
-@pytest.mark.xfail(strict=True, reason="bug in cc/program.cc or kernel.cc: the error message "
-                   "echoes the program line's raw bytes: a non-UTF-8 byte makes TensorFlow's "
-                   "Python layer raise UnicodeDecodeError instead of InvalidArgument, a NUL byte "
-                   "cuts the message before the node's name")
-@pytest.mark.parametrize("mode", ["graph", "eager"])
-@pytest.mark.parametrize("program", [b"in0: f32[4]\n%0 = Abs in0\xff\nout0 = %0",
-                                     b"in0: f32[4]\x00\n%0 = Abs in0\nout0 = %0"],
-                         ids=["non_utf8", "nul"])
+_BYTES_BUG = pytest.mark.xfail(
+    strict=True, reason="bug in cc/program.cc or kernel.cc: the error message echoes the program "
+    "line's raw bytes: a non-UTF-8 byte makes TensorFlow's Python layer raise UnicodeDecodeError "
+    "instead of InvalidArgument; in a graph, a NUL byte cuts the message before the node's name")
+_NON_UTF8 = b"in0: f32[4]\n%0 = Abs in0\xff\nout0 = %0"
+_NUL = b"in0: f32[4]\x00\n%0 = Abs in0\nout0 = %0"
+
+
+@pytest.mark.parametrize("mode,program", [
+    pytest.param("graph", _NON_UTF8, marks=_BYTES_BUG, id="non_utf8-graph"),
+    pytest.param("eager", _NON_UTF8, marks=_BYTES_BUG, id="non_utf8-eager"),
+    pytest.param("graph", _NUL, marks=_BYTES_BUG, id="nul-graph"),
+    pytest.param("eager", _NUL, id="nul-eager"),
+])
 def test_non_utf8_program_is_invalid_argument_naming_the_node(ops, mode, program):
     if mode == "eager":
         with pytest.raises(tf.errors.InvalidArgumentError, match="AutofuseKernel '"):
