@@ -21,9 +21,6 @@ LOG_DIR=${LOG_DIR:-$ROOT/sanitize_logs}
 FUZZ_GRAPHS=${FUZZ_GRAPHS:-60}
 rm -rf "$LOG_DIR"; mkdir -p "$LOG_DIR"
 
-echo "== building the instrumented library"
-LIB=$(python -m tf_autofuse._build)
-echo "   $LIB"
 ASAN_RT=$("$CXX_BIN" -print-file-name=libasan.so)
 UBSAN_RT=$("$CXX_BIN" -print-file-name=libubsan.so)
 for rt in "$ASAN_RT" "$UBSAN_RT"; do
@@ -36,6 +33,9 @@ run() {
   echo "== $*"
   LD_PRELOAD="$ASAN_RT $UBSAN_RT" "$@"
 }
+
+echo "== building (or finding) the instrumented library"
+run python -c "from tf_autofuse import _build; print(_build.library_path())"
 
 status=0
 run python -m pytest -q -p no:cacheprovider tests/test_kernel.py || status=$?

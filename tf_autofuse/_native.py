@@ -8,6 +8,7 @@ bridge TensorFlow's CPU plugin optimizer, so that every graph of the process is 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 from . import _build
@@ -27,6 +28,12 @@ def load():
             from .rewriter import catalog
 
             path = _build.library_path()
+            if _build.sanitize() and "libasan" not in os.environ.get("LD_PRELOAD", ""):
+                # loading it would abort the process ("ASan runtime does not come first")
+                raise _build.BuildError(
+                    f"{_build.SANITIZE_ENV}=1 selects the sanitizer build {path}, which loads "
+                    f"only with the sanitizer runtimes preloaded: run it through "
+                    f"scripts/sanitize.sh, or unset {_build.SANITIZE_ENV}.")
             try:
                 module = tf.load_op_library(str(path))
                 cdll = ctypes.CDLL(str(path))
