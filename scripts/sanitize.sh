@@ -8,7 +8,7 @@
 # The instrumented library is cached apart from the normal one (TF_AUTOFUSE_SANITIZE=1 changes
 # the cache key and the file name). TensorFlow itself is not instrumented and leaks at exit, so
 # leak detection is off; every other ASan/UBSan finding aborts the run and is logged under
-# $LOG_DIR (default ./sanitize_logs).
+# $LOG_DIR (default ./.cache/sanitize_logs, git-ignored).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL=2
 export TF_AUTOFUSE_SANITIZE=1
 unset AUTOFUSE_FLAGS AUTOFUSE_DFX_FLAGS
 CXX_BIN=${CXX:-g++}
-LOG_DIR=${LOG_DIR:-$ROOT/sanitize_logs}
+LOG_DIR=${LOG_DIR:-$ROOT/.cache/sanitize_logs}
 FUZZ_GRAPHS=${FUZZ_GRAPHS:-60}
 rm -rf "$LOG_DIR"; mkdir -p "$LOG_DIR"
 
