@@ -596,7 +596,7 @@ def check_spec(spec: GraphSpec) -> Outcome:
 # ---------------------------------------------------------------------------------------------
 # The tests
 
-CI_EXAMPLES = int(os.environ.get("TF_AUTOFUSE_FUZZ_EXAMPLES", "250"))
+CI_EXAMPLES = int(os.environ.get("TF_AUTOFUSE_FUZZ_EXAMPLES", "400"))
 
 
 def test_error_model_covers_the_elementwise_catalog():
