@@ -19,5 +19,5 @@ setup(
         "numpy",
         "protobuf",
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={"test": ["pytest", "hypothesis"]},
 )

@@ -25,6 +25,34 @@ SOURCE_DIR = Path(__file__).resolve().parent / "cc"
 CACHE_ENV = "TF_AUTOFUSE_CACHE_DIR"
 _OPT_FLAGS = ["-O3", "-march=native", "-fPIC", "-fvisibility-inlines-hidden",
               "-Wno-deprecated-declarations", "-Wno-ignored-attributes"]
+# TF_AUTOFUSE_SANITIZE=1 builds (and caches under its own key and name) a library instrumented
+# with AddressSanitizer and UndefinedBehaviorSanitizer; scripts/sanitize.sh runs the tests
+# against it with libasan/libubsan preloaded. Not for production: it is several times slower.
+SANITIZE_ENV = "TF_AUTOFUSE_SANITIZE"
+# null / nonnull-attribute checks are left out: with them g++ 12 rejects absl's constexpr
+# function-pointer comparisons in TensorFlow's headers ("is not a constant expression").
+_SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                   "-fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute",
+                   "-fno-sanitize-recover=undefined", "-g"]
+
+
+def sanitize() -> bool:
+    return os.environ.get(SANITIZE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# The Grappler bridge is left uninstrumented: with ASan on, absl's swiss tables change their
+# layout (generation counters), and the bridge shares GraphProperties' absl maps with the
+# uninstrumented TensorFlow, which then crashes in InferStatically. The kernel, interpreter and
+# program parser only pass TensorFlow plain tensors and strings.
+_UNSANITIZED_SOURCES = frozenset({"optimizer.cc"})
+
+
+def _opt_flags(source: str = "") -> list[str]:
+    if not sanitize():
+        return list(_OPT_FLAGS)
+    # -O1 keeps the reports' stack traces readable and still inlines Eigen
+    flags = ["-O1" if f == "-O3" else f for f in _OPT_FLAGS]
+    return flags if source in _UNSANITIZED_SOURCES else flags + _SANITIZE_FLAGS
 
 
 class BuildError(RuntimeError):
@@ -82,7 +110,8 @@ def _tf_flags() -> tuple[list[str], list[str], str]:
 def build_key(cxx: str, compile_flags: list[str], link_flags: list[str], tf_version: str) -> str:
     digest = hashlib.sha256()
     for part in (tf_version, sys.version, _compiler_version(cxx), " ".join(compile_flags),
-                 " ".join(link_flags), " ".join(_OPT_FLAGS), _cpu_flags()):
+                 " ".join(link_flags), " ".join(_opt_flags()), _cpu_flags(),
+                 *(["unsanitized: " + " ".join(sorted(_UNSANITIZED_SOURCES))] if sanitize() else [])):
         digest.update(part.encode())
         digest.update(b"\0")
     for path in _sources():
@@ -99,7 +128,8 @@ def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], out: Pat
     for src in sources:
         obj = out.with_name(src.stem + ".o")
         objects.append(obj)
-        cmd = [cxx, *compile_flags, *_OPT_FLAGS, f"-I{include}", "-c", str(src), "-o", str(obj)]
+        cmd = [cxx, *compile_flags, *_opt_flags(src.name), f"-I{include}", "-c", str(src), "-o",
+               str(obj)]
         jobs.append((src, cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                                 stderr=subprocess.STDOUT, text=True)))
         # at most os.cpu_count() compilers at once
@@ -108,11 +138,16 @@ def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], out: Pat
     for src, cmd, proc in jobs:
         log, _ = proc.communicate()
         if proc.returncode != 0:
-            raise BuildError(f"compiling {src.name} failed:\n  {' '.join(cmd)}\n{log}")
-    cmd = [cxx, "-shared", *map(str, objects), "-o", str(out), *link_flags]
+            raise BuildError(f"compiling {src.name} failed. Check that {cxx} is a working C++17 "
+                             f"compiler (or set CXX to one) and that {out.parent} has free "
+                             f"space:\n  {' '.join(cmd)}\n{log}")
+    sanitizers = _SANITIZE_FLAGS[:1] if sanitize() else []
+    cmd = [cxx, "-shared", *sanitizers, *map(str, objects), "-o", str(out), *link_flags]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
-        raise BuildError(f"linking the kernel library failed:\n  {' '.join(cmd)}\n{proc.stdout}")
+        raise BuildError(f"linking the kernel library failed. Check that {cxx} can link "
+                         f"shared libraries (or set CXX to another compiler) and that "
+                         f"{out.parent} has free space:\n  {' '.join(cmd)}\n{proc.stdout}")
 
 
 def library_path(verbose: bool = True) -> Path:
@@ -121,7 +156,7 @@ def library_path(verbose: bool = True) -> Path:
     compile_flags, link_flags, tf_version = _tf_flags()
     key = build_key(cxx, compile_flags, link_flags, tf_version)
     root = cache_dir()
-    target = root / f"libtf_autofuse_{key}.so"
+    target = root / f"libtf_autofuse_{'asan_' if sanitize() else ''}{key}.so"
     if target.exists():
         return target
     try:
@@ -139,10 +174,16 @@ def library_path(verbose: bool = True) -> Path:
             print(f"tf_autofuse: building the kernel library for TensorFlow {tf_version} "
                   f"(first import, about a minute) into {root} ...", file=sys.stderr, flush=True)
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(dir=root) as tmp:
-            staged = Path(tmp) / target.name
-            _compile(cxx, compile_flags, link_flags, staged)
-            os.replace(staged, target)
+        try:
+            with tempfile.TemporaryDirectory(dir=root) as tmp:
+                staged = Path(tmp) / target.name
+                _compile(cxx, compile_flags, link_flags, staged)
+                os.replace(staged, target)
+        except OSError as err:  # a full disk, a cache directory that turned read-only
+            raise BuildError(
+                f"cannot build the kernel library in the cache directory {root}: {err}. Free "
+                f"space there or set {CACHE_ENV} to a writable directory with room "
+                f"(about 20 MB).") from None
         if verbose:
             print(f"tf_autofuse: built in {time.monotonic() - started:.0f} s", file=sys.stderr,
                   flush=True)

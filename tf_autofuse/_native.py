@@ -8,6 +8,7 @@ bridge TensorFlow's CPU plugin optimizer, so that every graph of the process is 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 from . import _build
@@ -27,11 +28,25 @@ def load():
             from .rewriter import catalog
 
             path = _build.library_path()
-            module = tf.load_op_library(str(path))
-            cdll = ctypes.CDLL(str(path))
-            # The bridge skips graphs holding none of these op types without calling Python.
-            names = ",".join(sorted(catalog.candidate_op_types()))
-            cdll.autofuse_set_candidate_ops(names.encode())
+            if _build.sanitize() and "libasan" not in os.environ.get("LD_PRELOAD", ""):
+                # loading it would abort the process ("ASan runtime does not come first")
+                raise _build.BuildError(
+                    f"{_build.SANITIZE_ENV}=1 selects the sanitizer build {path}, which loads "
+                    f"only with the sanitizer runtimes preloaded: run it through "
+                    f"scripts/sanitize.sh, or unset {_build.SANITIZE_ENV}.")
+            try:
+                module = tf.load_op_library(str(path))
+                cdll = ctypes.CDLL(str(path))
+                # The bridge skips graphs holding none of these op types without calling Python.
+                names = ",".join(sorted(catalog.candidate_op_types()))
+                cdll.autofuse_set_candidate_ops(names.encode())
+            except (tf.errors.OpError, OSError, AttributeError) as err:
+                # a truncated or foreign file, a library built for another TensorFlow, a
+                # sanitized build without its runtime preloaded: say which file and how to fix it
+                raise _build.BuildError(
+                    f"the kernel library {path} does not load ({type(err).__name__}: "
+                    f"{str(err).strip()[:300]}). Delete it so that it is built again, or point "
+                    f"{_build.CACHE_ENV} at an empty writable directory.") from None
             _module, _cdll = module, cdll
         return _module
 
