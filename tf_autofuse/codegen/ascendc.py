@@ -1,0 +1,485 @@
+"""Ascend C generation for one fused program.
+
+`generate(text, name)` returns a `Kernel`: either `ok` with its sources (device kernel, tiling
+header, host tiling + ACL launch glue) and its UB plan, or not ok with the reason the group
+stays on the CPU path. The generated kernel is the standard vector (AIV) shape:
+
+    CopyIn   GM -> UB   DataCopy (whole 32-byte blocks) / DataCopyPad (tail) into VECIN queues
+    Compute  UB -> UB   16-bit inputs Cast to fp32, the program's ops (opmap.py), Cast back
+    CopyOut  UB -> GM   from VECOUT queues
+
+double-buffered TQues (BUFFER_NUM = 2), scratch tensors in TBufs, the work split over
+GetBlockNum() cores by the host tiling function (tiling.py). Schedules: today "flat" (every
+input read as the iteration shape, element by element); broadcast inputs and reductions are
+recognised and refused with a reason until their schedules land (see `_schedule`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+from typing import Optional
+
+from . import ir, opmap, tiling
+
+CTYPE = {"f16": "half", "bf16": "bfloat16_t", "f32": "float", "i32": "int32_t"}
+SIZE = {"half": 2, "bfloat16_t": 2, "float": 4, "int32_t": 4}
+STORAGE = {"f16": "float", "bf16": "float", "f32": "float", "i32": "int32_t"}  # compute type
+BLACKLIST_FLAG = "autofuse_enhance_precision_blacklist"
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str
+    program: str
+    ok: bool
+    reason: str = ""
+    sources: dict = dataclasses.field(default_factory=dict)  # file name -> text
+    ub: Optional[tiling.UbPlan] = None
+    inputs: tuple = ()  # C types of the kernel's inputs
+    outputs: tuple = ()  # C types of its outputs
+    half_ops: tuple = ()  # instructions computed in half (blacklisted)
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for key in sorted(self.sources):
+            h.update(key.encode() + b"\0" + self.sources[key].encode() + b"\0")
+        return h.hexdigest()[:20]
+
+    def tiling(self, total: int, core_num: int) -> tiling.Tiling:
+        return tiling.compute(total, core_num, self.ub.max_tile)
+
+
+def kernel_name(node_name: str) -> str:
+    """`autofuse_pointwise_0_Abs_SquaredDifference` -> `autofuse_pointwise_0_abs_squared_difference`."""
+    snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", node_name)
+    snake = re.sub(r"[^A-Za-z0-9_]", "_", snake).lower()
+    snake = re.sub(r"_+", "_", snake).strip("_")
+    if not snake or snake[0].isdigit():
+        snake = "k_" + snake
+    return snake
+
+
+def precision_blacklist(environ=None) -> frozenset:
+    """IR op names of `--autofuse_enhance_precision_blacklist=Op,...` in AUTOFUSE_FLAGS.
+
+    Read here until tf_autofuse/flags.py declares the key: ops listed compute f16 in f16."""
+    environ = os.environ if environ is None else environ
+    ops = set()
+    for item in environ.get("AUTOFUSE_FLAGS", "").split(";"):
+        key, _, value = item.strip().lstrip("-").partition("=")
+        if key.strip() == BLACKLIST_FLAG:
+            ops.update(v.strip() for v in value.split(",") if v.strip())
+    return frozenset(ops)
+
+
+def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> Kernel:
+    name = kernel_name(name)
+    blacklist = precision_blacklist() if blacklist is None else frozenset(blacklist)
+    try:
+        program = ir.load(text)
+    except ValueError as err:
+        return Kernel(name, text, False, f"the program does not parse: {err}")
+    reason = _schedule(program)
+    if reason:
+        return Kernel(name, text, False, reason)
+    try:
+        return _Flat(name, program, blacklist).kernel()
+    except _Refused as refused:
+        return Kernel(name, text, False, str(refused))
+
+
+def _schedule(program: ir.Program) -> str:
+    """'' for the flat schedule, else why no schedule fits (yet)."""
+    for k, inp in enumerate(program.inputs):
+        if inp.dtype not in CTYPE:
+            return f"in{k}: {inp.dtype} has no Ascend vector type on this path"
+    for k, inst in enumerate(program.insts):
+        if inst.dtype not in CTYPE or inst.operand_dtype not in CTYPE:
+            return f"%{k} = {inst.op}: dtype {inst.dtype} is not generated"
+    if program.has_reduction:
+        return "reductions: the reduce schedule (ReduceSum/ReduceMax over the inner axes) is not generated yet"
+    if program.has_broadcast:
+        return "broadcast inputs: the broadcast schedule (per-view GM offsets) is not generated yet"
+    if any(o.shape is not None for o in program.outputs):
+        return "outputs reshaped with '->' are not generated yet"
+    return ""
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Flat:
+    """The flat schedule: every value is a tile of the same element range."""
+
+    def __init__(self, name: str, program: ir.Program, blacklist: frozenset):
+        self.name, self.p, self.blacklist = name, program, blacklist
+        self.free: list = []
+        self.slots = 0
+        self.views: dict = {}  # (slot, ctype) -> C++ name of the view
+        self.body: list = []  # statements of Compute
+        self.half_ops: list = []
+
+    # ---- scratch slots (TBufs of tile * 4 bytes) ------------------------------------------
+    def _alloc(self) -> int:
+        if self.free:
+            return self.free.pop()
+        self.slots += 1
+        return self.slots - 1
+
+    def _release(self, slot: int):
+        self.free.append(slot)
+        self.free.sort(reverse=True)
+
+    def _view(self, slot: int, ctype: str) -> str:
+        key = (slot, ctype)
+        if key not in self.views:
+            self.views[key] = f"c{slot}{'' if ctype in ('float', 'int32_t') else 'h'}"
+        return self.views[key]
+
+    def _vec(self, *statements):
+        for s in statements:
+            if self.body and self.body[-1] != "PipeBarrier<PIPE_V>();":
+                self.body.append("PipeBarrier<PIPE_V>();")
+            self.body.append(s)
+
+    # ---- planning ------------------------------------------------------------------------
+    def kernel(self) -> Kernel:
+        p = self.p
+        last_use = {}
+        for k, inst in enumerate(p.insts):
+            for o in inst.operands:
+                if isinstance(o, ir.Ref):
+                    last_use[o] = k
+        output_refs = [o.ref for o in p.outputs]
+        in_types = [CTYPE[i.dtype] for i in p.inputs]
+        out_types = [CTYPE[p.ref_dtype(r)] for r in output_refs]
+
+        # where each value lives: (C++ tensor expression, ctype, slot or None)
+        loc: dict = {}
+        for k, inp in enumerate(p.inputs):
+            if STORAGE[inp.dtype] == CTYPE[inp.dtype]:
+                loc[ir.Ref("in", k)] = (f"x{k}", CTYPE[inp.dtype], None)
+        # values written straight into their output tensor
+        direct = {}
+        for j, ref in enumerate(output_refs):
+            if (ref.kind == "%" and output_refs.count(ref) == 1
+                    and STORAGE[p.insts[ref.index].dtype] == out_types[j]):
+                direct[ref] = j
+
+        for k, inst in enumerate(p.insts):
+            ctype = STORAGE[inst.operand_dtype]
+            mapping = opmap.lookup(inst.op)
+            why = opmap.refusal(inst.op, ctype)
+            if why:
+                raise _Refused(f"%{k} = {why}")
+            exec_type = ctype
+            if inst.op in self.blacklist and inst.operand_dtype == "f16" and "half" in mapping.types:
+                exec_type = "half"
+                self.half_ops.append(f"%{k} = {inst.op}")
+            srcs, scratch = [], []
+            for o in inst.operands:
+                if isinstance(o, ir.Ref):
+                    srcs.append(self._operand(o, loc))
+                else:
+                    slot = self._alloc()
+                    scratch.append(slot)
+                    view = self._view(slot, exec_type)
+                    self._vec(f"Duplicate({view}, {opmap.lit(exec_type, o)}, cn);")
+                    srcs.append((view, exec_type))
+            # operands in the execution type
+            args = []
+            for expr, t in srcs:
+                if t == exec_type:
+                    args.append(expr)
+                else:  # float -> half for a blacklisted op
+                    slot = self._alloc()
+                    scratch.append(slot)
+                    view = self._view(slot, exec_type)
+                    self._vec(f"Cast({view}, {expr}, RoundMode::CAST_RINT, cn);")
+                    args.append(view)
+            temps = []
+            for _ in range(opmap.temps_for(mapping, exec_type)):
+                slot = self._alloc()
+                scratch.append(slot)
+                temps.append(self._view(slot, exec_type))
+            ref = ir.Ref("%", k)
+            if ref in direct:
+                dst, dst_slot = f"y{direct[ref]}", None
+            else:
+                dst_slot = self._alloc()
+                dst = self._view(dst_slot, ctype)
+            extra = {"alpha": opmap.alpha_of(inst.attrs)} if inst.op == "LeakyRelu" else {}
+            if exec_type == ctype:
+                self._vec(*mapping.emit(exec_type, dst, args, "cn", temps, **extra))
+            else:
+                hslot = self._alloc()
+                scratch.append(hslot)
+                hdst = self._view(hslot, exec_type)
+                self._vec(*mapping.emit(exec_type, hdst, args, "cn", temps, **extra))
+                self._vec(f"Cast({dst}, {hdst}, RoundMode::CAST_NONE, cn);")
+            loc[ref] = (dst, ctype, dst_slot)
+            for slot in scratch:
+                self._release(slot)
+            for o in set(x for x in inst.operands if isinstance(x, ir.Ref)):
+                if last_use.get(o) == k and o not in output_refs:
+                    self._drop(o, loc)
+
+        # outputs not written in place
+        for j, ref in enumerate(output_refs):
+            if ref in direct and loc[ref][0] == f"y{j}":
+                continue
+            if ref.kind == "in" and CTYPE[p.inputs[ref.index].dtype] == out_types[j]:
+                expr, t = f"x{ref.index}", out_types[j]
+            else:
+                expr, t = self._operand(ref, loc)
+            if t == out_types[j]:
+                self._vec(f"DataCopy(y{j}, {expr}, cn);")
+            else:
+                self._vec(f"Cast(y{j}, {expr}, RoundMode::CAST_RINT, cn);")
+
+        buffers = [(f"in{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(in_types)]
+        buffers += [(f"out{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(out_types)]
+        buffers += [(f"scratch{s}", 4, 1) for s in range(self.slots)]
+        ub = tiling.plan_ub(buffers)
+        if ub.max_tile < tiling.ALIGN_ELEMS:
+            raise _Refused(f"does not fit in UB: {ub.bytes_per_element} bytes per element, "
+                           f"{tiling.ALIGN_ELEMS} elements need more than the "
+                           f"{tiling.UB_BUDGET}-byte budget")
+        sources = {
+            f"{self.name}_tiling.h": self._tiling_header(),
+            f"{self.name}_kernel.cpp": self._kernel_source(in_types, out_types, ub),
+            f"{self.name}_host.cpp": self._host_source(in_types, out_types, ub),
+        }
+        return Kernel(self.name, p.text, True, "", sources, ub, tuple(in_types), tuple(out_types),
+                      tuple(self.half_ops))
+
+    def _operand(self, ref, loc):
+        """The tensor holding `ref` in its compute type; 16-bit inputs are Cast up on first use."""
+        if ref not in loc:  # a 16-bit input: widen it into a scratch slot
+            slot = self._alloc()
+            view = self._view(slot, "float")
+            self._vec(f"Cast({view}, x{ref.index}, RoundMode::CAST_NONE, cn);")
+            loc[ref] = (view, "float", slot)
+        expr, t, _ = loc[ref]
+        return expr, t
+
+    def _drop(self, ref, loc):
+        expr, t, slot = loc.get(ref, (None, None, None))
+        if slot is not None:
+            self._release(slot)
+            del loc[ref]
+
+    # ---- sources -------------------------------------------------------------------------
+    def _tiling_header(self) -> str:
+        guard = f"{self.name.upper()}_TILING_H_"
+        return (f"// Tiling data of {self.name}: computed on the host, read by the kernel.\n"
+                f"#ifndef {guard}\n#define {guard}\n#include <cstdint>\n\n"
+                f"{tiling.cpp_struct(self.name + '_TilingData')}\n#endif  // {guard}\n")
+
+    def _kernel_source(self, in_types, out_types, ub) -> str:
+        n = self.name
+        nin, nout = len(in_types), len(out_types)
+        program = "".join(f"//   {line}\n" for line in self.p.text.splitlines())
+        gm_args = ", ".join([f"GM_ADDR in{k}" for k in range(nin)] + [f"GM_ADDR out{k}" for k in range(nout)])
+        gm_names = ", ".join([f"in{k}" for k in range(nin)] + [f"out{k}" for k in range(nout)])
+        members = []
+        for k, t in enumerate(in_types):
+            members.append(f"  TQue<TPosition::VECIN, BUFFER_NUM> inQue{k};")
+            members.append(f"  GlobalTensor<{t}> in{k}Gm;")
+        for k, t in enumerate(out_types):
+            members.append(f"  TQue<TPosition::VECOUT, BUFFER_NUM> outQue{k};")
+            members.append(f"  GlobalTensor<{t}> out{k}Gm;")
+        members += [f"  TBuf<TPosition::VECCALC> calc{s};" for s in range(self.slots)]
+        init = []
+        for k, t in enumerate(in_types):
+            init.append(f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k} + start, len);")
+            init.append(f"    pipe.InitBuffer(inQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+        for k, t in enumerate(out_types):
+            init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k} + start, len);")
+            init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+        init += [f"    pipe.InitBuffer(calc{s}, t.tileLength * 4);" for s in range(self.slots)]
+
+        def copy_in(k, t):
+            return f"""\
+    LocalTensor<{t}> x{k} = inQue{k}.AllocTensor<{t}>();
+    if ((n * sizeof({t})) % 32 == 0) {{
+      DataCopy(x{k}, in{k}Gm[off], n);
+    }} else {{
+      DataCopyExtParams copy{{1, static_cast<uint32_t>(n * sizeof({t})), 0, 0, 0}};
+      DataCopyPadExtParams<{t}> pad{{false, 0, 0, static_cast<{t}>(0)}};
+      DataCopyPad(x{k}, in{k}Gm[off], copy, pad);
+    }}
+    inQue{k}.EnQue(x{k});
+"""
+
+        def copy_out(k, t):
+            return f"""\
+    LocalTensor<{t}> y{k} = outQue{k}.DeQue<{t}>();
+    if ((n * sizeof({t})) % 32 == 0) {{
+      DataCopy(out{k}Gm[off], y{k}, n);
+    }} else {{
+      DataCopyExtParams copy{{1, static_cast<uint32_t>(n * sizeof({t})), 0, 0, 0}};
+      DataCopyPad(out{k}Gm[off], y{k}, copy);
+    }}
+    outQue{k}.FreeTensor(y{k});
+"""
+
+        compute = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)]
+        compute += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();" for k, t in enumerate(out_types)]
+        for (slot, ctype), view in sorted(self.views.items()):
+            compute.append(f"    LocalTensor<{ctype}> {view} = calc{slot}.Get<{ctype}>();")
+        compute += [f"    {s}" for s in self.body]
+        compute += [f"    outQue{k}.EnQue(y{k});" for k in range(nout)]
+        compute += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin)]
+        half_note = ("// Computed in half (--autofuse_enhance_precision_blacklist): "
+                     + ", ".join(self.half_ops) + "\n") if self.half_ops else ""
+        return f"""\
+// Generated by tf_autofuse.codegen from the fused program:
+{program}// Schedule: flat. {ub.describe()}
+{half_note}#include "kernel_operator.h"
+#include "{n}_tiling.h"
+
+using namespace AscendC;
+
+namespace {n}_impl {{
+constexpr int32_t BUFFER_NUM = {tiling.BUFFER_NUM};
+constexpr uint32_t ALIGN = {tiling.ALIGN_ELEMS};  // elements; whole 32-byte blocks of every dtype
+
+class Kernel {{
+ public:
+  __aicore__ inline Kernel() {{}}
+  __aicore__ inline void Init({gm_args}, const {n}_TilingData& t) {{
+    const uint64_t block = GetBlockIdx();
+    const bool last = block + 1 == t.blockDim;
+    const uint64_t start = block * t.blockLength;
+    const uint64_t len = last ? t.lastBlockLength : t.blockLength;
+    tileLength = t.tileLength;
+    tileNum = last ? t.lastTileNum : t.tileNum;
+    tailLength = last ? t.lastTailLength : t.tailLength;
+{chr(10).join(init)}
+  }}
+  __aicore__ inline void Process() {{
+    for (uint32_t i = 0; i < tileNum; ++i) {{
+      const uint32_t n = i + 1 == tileNum ? tailLength : tileLength;
+      const uint64_t off = static_cast<uint64_t>(i) * tileLength;
+      CopyIn(off, n);
+      Compute(n);
+      CopyOut(off, n);
+    }}
+  }}
+
+ private:
+  __aicore__ inline void CopyIn(uint64_t off, uint32_t n) {{
+{"".join(copy_in(k, t) for k, t in enumerate(in_types))}  }}
+  __aicore__ inline void Compute(uint32_t n) {{
+    const int32_t cn = static_cast<int32_t>((n + ALIGN - 1) / ALIGN * ALIGN);  // pad lanes are don't-care
+{chr(10).join(compute)}
+  }}
+  __aicore__ inline void CopyOut(uint64_t off, uint32_t n) {{
+{"".join(copy_out(k, t) for k, t in enumerate(out_types))}  }}
+
+  TPipe pipe;
+{chr(10).join(members)}
+  uint32_t tileLength = 0, tileNum = 0, tailLength = 0;
+}};
+
+__aicore__ inline void CopyTiling({n}_TilingData* t, GM_ADDR tiling) {{
+  uint32_t* dst = reinterpret_cast<uint32_t*>(t);
+  __gm__ uint32_t* src = reinterpret_cast<__gm__ uint32_t*>(tiling);
+  for (uint32_t i = 0; i < sizeof({n}_TilingData) / sizeof(uint32_t); ++i) dst[i] = src[i];
+}}
+}}  // namespace {n}_impl
+
+extern "C" __global__ __aicore__ void {n}({gm_args}, GM_ADDR workspace, GM_ADDR tiling) {{
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  {n}_TilingData t;
+  {n}_impl::CopyTiling(&t, tiling);
+  if (GetBlockIdx() >= t.blockDim) return;
+  {n}_impl::Kernel op;
+  op.Init({gm_names}, t);
+  op.Process();
+}}
+"""
+
+    def _host_source(self, in_types, out_types, ub) -> str:
+        n = self.name
+        nin, nout = len(in_types), len(out_types)
+        in_sizes = ", ".join(str(SIZE[t]) for t in in_types)
+        out_sizes = ", ".join(str(SIZE[t]) for t in out_types)
+        dev_args = ", ".join([f"static_cast<uint8_t*>(dev[{k}])" for k in range(nin + nout)]
+                             + ["nullptr", f"static_cast<uint8_t*>(dev[{nin + nout}])"])
+        return f"""\
+// Host side of {n}: the tiling function and the ACL launch glue.
+// Build with AUTOFUSE_WITH_ACL for the launcher (needs acl/acl.h and libascendcl.so).
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include "{n}_tiling.h"
+#include "autofuse_launch.h"
+
+{tiling.cpp_function(n, n + "_TilingData", ub.max_tile)}
+static const uint32_t {n}_IN_SIZES[{nin}] = {{{in_sizes}}};
+static const uint32_t {n}_OUT_SIZES[{nout}] = {{{out_sizes}}};
+
+#ifdef AUTOFUSE_WITH_ACL
+#include "acl/acl.h"
+
+// Runs the kernel on host buffers: device buffers, copy in, launch with the tiling data,
+// synchronise, copy out, free. 0 on success, else an ACL error code (message in a->error).
+extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
+  if (a->abi_version != AUTOFUSE_LAUNCH_ABI || a->num_inputs != {nin} || a->num_outputs != {nout})
+    return autofuse_launch_fail(a, -1, "{n}: bad launch arguments (ABI or tensor count)");
+  aclrtStream stream = reinterpret_cast<aclrtStream>(a->stream);
+  uint32_t core_num = a->core_num;
+  aclError rc = autofuse_acl_prepare(a->device_id, &stream, &core_num);
+  if (rc != ACL_SUCCESS) return autofuse_launch_fail(a, rc, "{n}: device setup failed");
+  {n}_TilingData t;
+  if ({n}_tiling(a->total, core_num, 0, &t) != 0) return autofuse_launch_fail(a, -1, "{n}: tiling failed");
+  if (t.blockDim == 0) return 0;
+  void* dev[{nin + nout + 1}] = {{}};
+  uint64_t bytes[{nin + nout + 1}];
+  for (int k = 0; k < {nin}; ++k) bytes[k] = a->total * {n}_IN_SIZES[k];
+  for (int k = 0; k < {nout}; ++k) bytes[{nin} + k] = a->total * {n}_OUT_SIZES[k];
+  bytes[{nin + nout}] = sizeof(t);
+  const char* what = "aclrtMalloc";
+  for (int k = 0; k < {nin + nout + 1} && rc == ACL_SUCCESS; ++k)
+    rc = aclrtMalloc(&dev[k], bytes[k], ACL_MEM_MALLOC_HUGE_FIRST);
+  if (rc == ACL_SUCCESS) {{
+    what = "aclrtMemcpy host->device";
+    for (int k = 0; k < {nin} && rc == ACL_SUCCESS; ++k)
+      rc = aclrtMemcpy(dev[k], bytes[k], a->inputs[k], bytes[k], ACL_MEMCPY_HOST_TO_DEVICE);
+    if (rc == ACL_SUCCESS)
+      rc = aclrtMemcpy(dev[{nin + nout}], sizeof(t), &t, sizeof(t), ACL_MEMCPY_HOST_TO_DEVICE);
+  }}
+  if (rc == ACL_SUCCESS) {{
+    what = "kernel launch";
+    rc = AUTOFUSE_LAUNCH_KERNEL({n}, t.blockDim, stream, {dev_args});
+  }}
+  if (rc == ACL_SUCCESS) {{
+    what = "aclrtSynchronizeStream";
+    rc = aclrtSynchronizeStream(stream);
+  }}
+  if (rc == ACL_SUCCESS) {{
+    what = "aclrtMemcpy device->host";
+    for (int k = 0; k < {nout} && rc == ACL_SUCCESS; ++k)
+      rc = aclrtMemcpy(a->outputs[k], bytes[{nin} + k], dev[{nin} + k], bytes[{nin} + k],
+                       ACL_MEMCPY_DEVICE_TO_HOST);
+  }}
+  for (int k = 0; k < {nin + nout + 1}; ++k)
+    if (dev[k]) aclrtFree(dev[k]);
+  if (rc != ACL_SUCCESS) return autofuse_launch_fail(a, rc, what);
+  if (a->tiling_out) std::memcpy(a->tiling_out, &t, sizeof(t));
+  return 0;
+}}
+
+#ifdef AUTOFUSE_SINGLE_KERNEL
+extern "C" int autofuse_npu_launch(const AutofuseLaunchArgs* a) {{ return {n}_launch(a); }}
+extern "C" const char* autofuse_npu_kernel_name() {{ return "{n}"; }}
+#endif
+#endif  // AUTOFUSE_WITH_ACL
+"""

@@ -1,0 +1,138 @@
+"""Tiling: how a flat kernel splits N elements over cores and UB-sized tiles.
+
+The generator fixes, per kernel, how many bytes of UB one element of a tile costs (every queue
+buffer times its buffer count, plus every scratch TBuf) and from that the largest tile that fits
+the UB budget. The host tiling function (emitted in C++ by ascendc.py, mirrored by `compute`
+here for the debug dump and the tests) then picks, for the run-time element count and core
+count, the block count, each core's share, the tile count and the tail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+UB_BYTES = 192 * 1024  # UB of one AIV core, Atlas A2/A3
+UB_RESERVED_BYTES = 8 * 1024  # kept free for the framework (the twin enforces the same)
+UB_BUDGET = UB_BYTES - UB_RESERVED_BYTES
+ALIGN_ELEMS = 128  # tile and core shares are multiples of this: 32 B of any dtype, 256 B of f16
+BUFFER_NUM = 2  # double buffering of every queue
+
+TILING_FIELDS = (  # (C type, name) in struct order; 48 bytes, no padding
+    ("uint64_t", "totalLength"),
+    ("uint64_t", "blockLength"),
+    ("uint64_t", "lastBlockLength"),
+    ("uint32_t", "blockDim"),
+    ("uint32_t", "tileLength"),
+    ("uint32_t", "tileNum"),
+    ("uint32_t", "tailLength"),
+    ("uint32_t", "lastTileNum"),
+    ("uint32_t", "lastTailLength"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class UbPlan:
+    """What one tile element costs in UB, and the largest tile that fits."""
+
+    buffers: tuple  # (name, bytes per element, buffer count)
+    bytes_per_element: int
+    max_tile: int  # elements; 0 when not even ALIGN_ELEMS fit
+
+    def ub_bytes(self, tile: int) -> int:
+        return tile * self.bytes_per_element
+
+    def describe(self) -> str:
+        parts = [f"{name}: {size} B x {count}" for name, size, count in self.buffers]
+        return (f"{self.bytes_per_element} B of UB per tile element ({'; '.join(parts)}); "
+                f"max tile {self.max_tile} elements = {self.ub_bytes(self.max_tile)} of "
+                f"{UB_BUDGET} budget bytes")
+
+
+def plan_ub(buffers) -> UbPlan:
+    buffers = tuple(buffers)
+    per_elem = sum(size * count for _, size, count in buffers)
+    tile = (UB_BUDGET // per_elem) // ALIGN_ELEMS * ALIGN_ELEMS if per_elem else 0
+    return UbPlan(buffers, per_elem, tile)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    totalLength: int
+    blockLength: int
+    lastBlockLength: int
+    blockDim: int
+    tileLength: int
+    tileNum: int
+    tailLength: int
+    lastTileNum: int
+    lastTailLength: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def compute(total: int, core_num: int, max_tile: int) -> Tiling:
+    """The host tiling function (same arithmetic as the emitted C++)."""
+    if total <= 0 or core_num <= 0:
+        return Tiling(max(total, 0), 0, 0, 0, max_tile, 0, 0, 0, 0)
+    units = _ceil(total, ALIGN_ELEMS)
+    block_dim = min(core_num, units)
+    block_len = _ceil(units, block_dim) * ALIGN_ELEMS
+    block_dim = _ceil(total, block_len)
+    last_len = total - (block_dim - 1) * block_len
+    tile = min(max_tile, block_len)
+
+    def split(length):
+        num = _ceil(length, tile)
+        return num, length - (num - 1) * tile
+
+    tile_num, tail = split(block_len)
+    last_num, last_tail = split(last_len)
+    return Tiling(total, block_len, last_len, block_dim, tile, tile_num, tail, last_num, last_tail)
+
+
+def cpp_struct(name: str) -> str:
+    fields = "\n".join(f"  {ctype} {field};" for ctype, field in TILING_FIELDS)
+    return f"struct {name} {{\n{fields}\n}};\n"
+
+
+def cpp_function(kernel: str, struct: str, max_tile: int) -> str:
+    """`int KERNEL_tiling(total, core_num, tile_override, out)`: 0, or 1 for a bad argument."""
+    return f"""\
+static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
+static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
+
+// Picks the block count (at most core_num, at least {ALIGN_ELEMS} elements a core), each core's
+// share (a multiple of {ALIGN_ELEMS}; the last core takes the rest), the tile (the UB maximum, or
+// less for small shares) and the tail tile of each kind of core. tile_override != 0 forces the
+// tile (tests).
+extern "C" int {kernel}_tiling(uint64_t total, uint32_t core_num, uint32_t tile_override,
+                               {struct}* t) {{
+  const uint64_t align = {kernel}_ALIGN;
+  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
+  t->totalLength = total;
+  t->blockLength = t->lastBlockLength = 0;
+  t->blockDim = t->tileNum = t->tailLength = t->lastTileNum = t->lastTailLength = 0;
+  t->tileLength = static_cast<uint32_t>(max_tile);
+  if (total == 0 || core_num == 0) return core_num == 0 ? 1 : 0;
+  uint64_t units = (total + align - 1) / align;
+  uint64_t block_dim = units < core_num ? units : core_num;
+  uint64_t block_len = (units + block_dim - 1) / block_dim * align;
+  block_dim = (total + block_len - 1) / block_len;
+  uint64_t last_len = total - (block_dim - 1) * block_len;
+  uint64_t tile = max_tile < block_len ? max_tile : block_len;
+  t->blockDim = static_cast<uint32_t>(block_dim);
+  t->blockLength = block_len;
+  t->lastBlockLength = last_len;
+  t->tileLength = static_cast<uint32_t>(tile);
+  t->tileNum = static_cast<uint32_t>((block_len + tile - 1) / tile);
+  t->tailLength = static_cast<uint32_t>(block_len - (t->tileNum - 1) * tile);
+  t->lastTileNum = static_cast<uint32_t>((last_len + tile - 1) / tile);
+  t->lastTailLength = static_cast<uint32_t>(last_len - (t->lastTileNum - 1) * tile);
+  return 0;
+}}
+"""
