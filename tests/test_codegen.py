@@ -1,0 +1,335 @@
+"""Ascend C generation, verified on the CPU twin (tf_autofuse/codegen, docs/ASCEND.md).
+
+Generated kernels are compiled with g++ against the twin header (batched: one compiler run per
+library, cached by content) and run block by block; results are compared with numpy."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tf_autofuse.codegen import ascendc, generate, opmap, tiling, twin
+from tf_autofuse.rewriter import catalog
+from tf_autofuse.rewriter.program import DTYPE_NAMES
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAIN = "in0: f32[?]\n%0 = Abs in0\n%1 = Relu %0\n%2 = Exp %1\nout0 = %2\n"
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def as_float(x: np.ndarray, dtype: str) -> np.ndarray:
+    return from_bf16(x).astype(np.float64) if dtype == "bf16" else x.astype(np.float64)
+
+
+def store(x64: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 values rounded into the dtype's storage (bf16 as uint16 bits)."""
+    if dtype == "bf16":
+        return to_bf16(x64.astype(np.float32))
+    return x64.astype({"f16": np.float16, "f32": np.float32, "i32": np.int32}[dtype])
+
+
+_POSITIVE = {"Log", "Sqrt", "Rsqrt", "Log1p"}
+_NONZERO = {"Reciprocal", "Div"}
+
+
+def sample(op: str, dtype: str, count: int, rng, operand: int = 0) -> np.ndarray:
+    if dtype == "i32":
+        return rng.integers(-1000, 1000, count).astype(np.int32)
+    if op in _POSITIVE:
+        x = rng.uniform(0.1, 4.0, count)
+    elif op in _NONZERO and (op == "Reciprocal" or operand == 1):
+        x = rng.uniform(0.5, 3.0, count) * rng.choice([-1.0, 1.0], count)
+    elif op in ("Sinh", "Cosh", "Exp", "Expm1", "Selu", "Elu"):
+        x = rng.uniform(-4.0, 4.0, count)
+    else:
+        x = rng.uniform(-6.0, 6.0, count)
+    return store(x, dtype)
+
+
+TOL = {"f16": (2e-3, 2e-3), "bf16": (1.6e-2, 1e-2), "f32": (2e-5, 2e-6), "i32": (0, 0)}
+
+
+def check(got, want64, dtype, what):
+    got64 = as_float(got, dtype)
+    want64 = as_float(store(want64, dtype), dtype)  # the reference rounded like the output
+    rtol, atol = TOL[dtype]
+    bad = ~np.isclose(got64, want64, rtol=rtol, atol=atol, equal_nan=True)
+    assert not bad.any(), (f"{what}: {bad.sum()} of {bad.size} differ, first at "
+                           f"{np.flatnonzero(bad)[0]}: {got64[bad][:4]} vs {want64[bad][:4]}")
+
+
+def unary_or_binary(op, arity, dtype):
+    decl = "".join(f"in{k}: {dtype}[?]\n" for k in range(arity))
+    operands = ", ".join(f"in{k}" for k in range(arity))
+    return f"{decl}%0 = {op} {operands}\nout0 = %0\n"
+
+
+OP_CASES = [(spec, DTYPE_NAMES[d]) for spec in catalog.OPS for d in sorted(spec.dtypes)]
+
+
+@pytest.fixture(scope="module")
+def op_kernels():
+    kernels = {}
+    for spec, dtype in OP_CASES:
+        kernels[(spec.ir_name, dtype)] = generate(
+            unary_or_binary(spec.ir_name, spec.arity, dtype), f"op_{spec.ir_name}_{dtype}")
+    ok = [k for k in kernels.values() if k.ok]
+    return kernels, twin.build(ok)
+
+
+# ---- every op of the table, every dtype --------------------------------------------------------
+
+def test_every_op_and_dtype_is_generated_or_refused_with_a_reason(op_kernels):
+    kernels, _ = op_kernels
+    refused = {key: k.reason for key, k in kernels.items() if not k.ok}
+    for (op, dtype), reason in refused.items():
+        assert reason, (op, dtype)
+    # f64 has no vector type on the AI core; everything else refused is listed in opmap
+    for (op, dtype), reason in refused.items():
+        assert dtype == "f64" or op in opmap.refused_ops(), (op, dtype, reason)
+    generated = {key for key, k in kernels.items() if k.ok}
+    assert len(generated) >= 60, sorted(refused)
+
+
+@pytest.mark.parametrize("spec,dtype", OP_CASES, ids=[f"{s.ir_name}-{d}" for s, d in OP_CASES])
+def test_op_matches_numpy_on_the_twin(op_kernels, spec, dtype):
+    kernels, lib = op_kernels
+    kernel = kernels[(spec.ir_name, dtype)]
+    if not kernel.ok:
+        pytest.skip(kernel.reason)
+    rng = np.random.default_rng(7)
+    count = 3 * 1280 + 37  # 8 cores, the last one with a tail that is not 32-byte aligned
+    xs = [sample(spec.ir_name, dtype, count, rng, k) for k in range(spec.arity)]
+    (got,), t = lib.run(kernel.name, xs, core_num=8)
+    assert t.blockDim == 4 or t.blockDim <= 8
+    want = spec.reference(*[as_float(x, dtype) if dtype != "i32" else x.astype(np.int64) for x in xs])
+    if dtype == "i32":
+        want = np.asarray(want).astype(np.int64).astype(np.int32)
+        np.testing.assert_array_equal(got, want)
+    else:
+        check(got, np.asarray(want, dtype=np.float64), dtype, f"{spec.ir_name} {dtype}")
+
+
+# ---- tiling, tails, multi-core ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def chain():
+    kernel = generate(CHAIN, "autofuse_pointwise_0_Abs_Relu_Exp")
+    assert kernel.ok, kernel.reason
+    assert kernel.name == "autofuse_pointwise_0_abs_relu_exp"
+    return kernel, twin.build([kernel])
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("extra", [0, 1, 127, 4099])
+def test_chain_over_cores_and_tails(chain, cores, extra):
+    kernel, lib = chain
+    total = cores * 2 * kernel.ub.max_tile + extra  # two full tiles a core, then odd sizes
+    x = np.random.default_rng(cores + extra).uniform(-5, 5, total).astype(np.float32)
+    (y,), t = lib.run(kernel.name, [x], core_num=cores)
+    np.testing.assert_allclose(y, np.exp(np.maximum(np.abs(x), 0)), rtol=1e-6)
+    assert t == kernel.tiling(total, cores)  # the C++ tiling function == the Python mirror
+    assert t.blockDim <= cores and (t.blockDim == cores or total < cores * tiling.ALIGN_ELEMS * 2)
+    assert t.blockLength * (t.blockDim - 1) + t.lastBlockLength == total
+    assert t.tileLength % tiling.ALIGN_ELEMS == 0
+    assert kernel.ub.ub_bytes(t.tileLength) <= tiling.UB_BUDGET
+
+
+@pytest.mark.parametrize("total", [0, 1, 31, 128, 129])
+def test_small_sizes(chain, total):
+    kernel, lib = chain
+    x = np.linspace(-2, 2, total).astype(np.float32)
+    (y,), t = lib.run(kernel.name, [x], core_num=40)
+    np.testing.assert_allclose(y, np.exp(np.abs(x)), rtol=1e-6)
+    assert t.blockDim == -(-total // tiling.ALIGN_ELEMS)
+
+
+def test_tiling_mirror_matches_on_many_shapes(chain):
+    kernel, lib = chain
+    rng = np.random.default_rng(0)
+    for total in list(rng.integers(1, 2_000_000, 25)) + [tiling.ALIGN_ELEMS * 40, 11776 * 40 + 1]:
+        cores = int(rng.choice([1, 2, 8, 40, 48]))
+        t = kernel.tiling(int(total), cores)
+        assert t.blockLength * (t.blockDim - 1) + t.lastBlockLength == total
+        assert 0 < t.lastBlockLength <= t.blockLength
+        assert (t.tileNum - 1) * t.tileLength + t.tailLength == t.blockLength
+        assert (t.lastTileNum - 1) * t.tileLength + t.lastTailLength == t.lastBlockLength
+
+
+def wide_add(n_inputs: int) -> str:
+    decl = "".join(f"in{k}: f32[?]\n" for k in range(n_inputs))
+    body = "%0 = Add in0, in1\n" + "".join(f"%{k - 1} = Add %{k - 2}, in{k}\n" for k in range(2, n_inputs))
+    return decl + body + f"out0 = %{n_inputs - 2}\n"
+
+
+def test_group_that_just_fits_in_ub():
+    fits = generate(wide_add(100), "wide_100")
+    assert fits.ok, fits.reason
+    assert fits.ub.max_tile == tiling.ALIGN_ELEMS  # the smallest tile: one more buffer would not fit
+    assert fits.ub.ub_bytes(fits.ub.max_tile) <= tiling.UB_BUDGET
+    lib = twin.build([fits])
+    rng = np.random.default_rng(3)
+    xs = [rng.uniform(-1, 1, 5000).astype(np.float32) for _ in range(100)]
+    (y,), t = lib.run(fits.name, xs, core_num=8)
+    np.testing.assert_allclose(y, np.sum(np.stack(xs).astype(np.float64), axis=0), rtol=1e-4, atol=1e-5)
+    too_big = generate(wide_add(200), "wide_200")
+    assert not too_big.ok and "does not fit in UB" in too_big.reason
+
+
+def test_twin_ub_capacity_matches_the_generator_budget():
+    header = (ROOT / "tf_autofuse/codegen/twin/kernel_operator.h").read_text()
+    ub = int(re.search(r"#define AUTOFUSE_UB_BYTES \((\d+) \* 1024\)", header)[1]) * 1024
+    reserved = int(re.search(r"#define AUTOFUSE_UB_RESERVED_BYTES \((\d+) \* 1024\)", header)[1]) * 1024
+    assert (ub, reserved) == (tiling.UB_BYTES, tiling.UB_RESERVED_BYTES)
+
+
+# ---- precision: 16-bit in fp32, unless blacklisted ------------------------------------------
+
+def test_f16_computes_in_fp32_and_rounds_once():
+    text = "in0: f16[?]\n%0 = Exp in0\n%1 = Mul %0, %0\n%2 = Sqrt %1\nout0 = %2\n"
+    wide = generate(text, "prec_wide", blacklist=())
+    narrow = generate(text, "prec_narrow", blacklist={"Exp", "Mul", "Sqrt"})
+    assert wide.ok and narrow.ok
+    assert "Computed in half" not in wide.sources[f"{wide.name}_kernel.cpp"]
+    assert narrow.half_ops == ("%0 = Exp", "%1 = Mul", "%2 = Sqrt")
+    lib = twin.build([wide, narrow])
+    x = np.random.default_rng(1).uniform(-3, 3, 2000).astype(np.float16)
+    (y_wide,), _ = lib.run(wide.name, [x], 8)
+    (y_narrow,), _ = lib.run(narrow.name, [x], 8)
+    e = np.exp(x.astype(np.float32))
+    np.testing.assert_array_equal(y_wide, np.sqrt(e * e).astype(np.float16))  # rounded once
+    e16 = np.exp(x)  # numpy: f16 per op
+    np.testing.assert_array_equal(y_narrow, np.sqrt(e16 * e16))
+
+
+def test_blacklist_is_read_from_autofuse_flags():
+    env = {"AUTOFUSE_FLAGS": "--enable_autofuse=true;--autofuse_enhance_precision_blacklist=Exp,Add"}
+    assert ascendc.precision_blacklist(env) == {"Exp", "Add"}
+    assert ascendc.precision_blacklist({}) == frozenset()
+
+
+# ---- what the generator refuses ---------------------------------------------------------------
+
+@pytest.mark.parametrize("text,why", [
+    ("in0: f64[?]\n%0 = Abs in0\nout0 = %0\n", "f64"),
+    ("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "advanced math"),
+    ("in0: f32[?]\n%0 = Floor in0\nout0 = %0\n", "Select"),
+    ("in0: f16[128,192]\nin1: f16[192]\n%0 = Abs in0\n%1 = Add %0, in1\nout0 = %1\n", "broadcast"),
+    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "reduc"),
+    ("in0: f32[?]\nin1: f32[?]\n%0 = Greater in0, in1\nout0 = %0\n", "bool"),
+])
+def test_refusals_keep_the_group_on_the_cpu_path(text, why):
+    kernel = generate(text, "refused")
+    assert not kernel.ok and not kernel.sources
+    assert why in kernel.reason, kernel.reason
+
+
+def test_kernel_names_are_snake_case():
+    assert ascendc.kernel_name("autofuse_pointwise_0_Abs_Relu_Exp") == "autofuse_pointwise_0_abs_relu_exp"
+    assert ascendc.kernel_name("autofuse_pointwise_3_SquaredDifference_AddV2") == \
+        "autofuse_pointwise_3_squared_difference_add_v2"
+
+
+def test_generated_kernel_has_the_ascend_shape(chain):
+    kernel, _ = chain
+    src = kernel.sources[f"{kernel.name}_kernel.cpp"]
+    for needle in ('extern "C" __global__ __aicore__ void autofuse_pointwise_0_abs_relu_exp(',
+                   "KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY)", "GetBlockIdx()", "TPipe pipe;",
+                   "TQue<TPosition::VECIN, BUFFER_NUM>", "TQue<TPosition::VECOUT, BUFFER_NUM>",
+                   "TBuf<TPosition::VECCALC>", "DataCopyPad(", "PipeBarrier<PIPE_V>()"):
+        assert needle in src, needle
+
+
+def test_programs_sharing_ops_reuse_scratch_buffers():
+    text = ("in0: f32[?]\n" + "".join(f"%{k} = Exp {'in0' if k == 0 else f'%{k - 1}'}\n" for k in range(30))
+            + "out0 = %29\n")
+    kernel = generate(text, "long_chain")
+    assert kernel.ok
+    assert len([b for b in kernel.ub.buffers if b[0].startswith("scratch")]) <= 2
+
+
+def test_immediates_multiple_outputs_and_passthrough():
+    text = ("in0: f16[?]\nin1: i32[?]\n%0 = Add in0, 0.5\n%1 = Mul %0, %0\n%2 = Maximum in1, 3\n"
+            "out0 = %1\nout1 = %0\nout2 = %2\nout3 = in0\nout4 = %1\n")
+    kernel = generate(text, "mixed_outputs")
+    assert kernel.ok, kernel.reason
+    lib = twin.build([kernel])
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-2, 2, 3001).astype(np.float16)
+    i = rng.integers(-10, 10, 3001).astype(np.int32)
+    outs, _ = lib.run(kernel.name, [x, i], 8)
+    a = x.astype(np.float32) + 0.5
+    np.testing.assert_array_equal(outs[0], (a * a).astype(np.float16))
+    np.testing.assert_array_equal(outs[1], a.astype(np.float16))
+    np.testing.assert_array_equal(outs[2], np.maximum(i, 3))
+    np.testing.assert_array_equal(outs[3], x)
+    np.testing.assert_array_equal(outs[4], outs[0])
+
+
+# ---- the twin catches broken kernels -----------------------------------------------------------
+
+def mutant(name: str, old: str, new: str, count: int = 1):
+    kernel = generate(CHAIN, name)
+    src = kernel.sources[f"{name}_kernel.cpp"]
+    assert src.count(old) >= 1, old
+    kernel.sources[f"{name}_kernel.cpp"] = src.replace(old, new, count)
+    return kernel
+
+
+@pytest.fixture(scope="module")
+def mutants():
+    kernels = [
+        mutant("mut_align", "if ((n * sizeof(float)) % 32 == 0) {", "if (true) {"),
+        mutant("mut_free", "inQue0.FreeTensor(x0);", ""),
+        mutant("mut_barrier", "PipeBarrier<PIPE_V>();", "", count=-1),
+        mutant("mut_order", "Compute(n);\n      CopyOut(off, n);", "CopyOut(off, n);\n      Compute(n);"),
+    ]
+    return twin.build(kernels)
+
+
+def test_twin_catches_a_misaligned_copy(mutants):
+    x = np.ones(1000 + 3, np.float32)
+    with pytest.raises(twin.TwinError, match="not a multiple of 32 bytes"):
+        mutants.run("mut_align", [x], 1)
+    mutants.run("mut_align", [np.ones(1024, np.float32)], 1)  # aligned sizes still pass
+
+
+def test_twin_catches_a_ub_overflow(chain):
+    kernel, lib = chain
+    x = np.ones(4 * kernel.ub.max_tile, np.float32)
+    lib.run(kernel.name, [x], 1)
+    with pytest.raises(twin.TwinError, match="UB overflow"):
+        lib.run(kernel.name, [x], 1, tile_override=kernel.ub.max_tile + tiling.ALIGN_ELEMS)
+
+
+def test_twin_catches_a_missing_free_tensor(mutants):
+    with pytest.raises(twin.TwinError, match="FreeTensor"):
+        mutants.run("mut_free", [np.ones(128, np.float32)], 1)  # one tile: caught at block end
+    with pytest.raises(twin.TwinError, match="FreeTensor"):
+        mutants.run("mut_free", [np.ones(100_000, np.float32)], 1)  # many: AllocTensor fails
+
+
+def test_twin_catches_a_missing_pipe_barrier(mutants):
+    with pytest.raises(twin.TwinError, match="PipeBarrier"):
+        mutants.run("mut_barrier", [np.ones(256, np.float32)], 1)
+
+
+def test_twin_catches_dequeue_out_of_order(mutants):
+    with pytest.raises(twin.TwinError, match="DeQue on an empty"):
+        mutants.run("mut_order", [np.ones(256, np.float32)], 1)
