@@ -333,3 +333,82 @@ def test_twin_catches_a_missing_pipe_barrier(mutants):
 def test_twin_catches_dequeue_out_of_order(mutants):
     with pytest.raises(twin.TwinError, match="DeQue on an empty"):
         mutants.run("mut_order", [np.ones(256, np.float32)], 1)
+
+
+# ---- the ACL launcher against the stand-in runtime ------------------------------------------
+
+@pytest.fixture(scope="module")
+def launcher():
+    kernel = generate(CHAIN, "autofuse_pointwise_0_Abs_Relu_Exp")
+    return kernel, twin.build([kernel], acl=True, single=True)
+
+
+def test_launch_through_the_stand_in_acl_runtime(launcher):
+    kernel, lib = launcher
+    x = np.random.default_rng(2).uniform(-3, 3, 100_003).astype(np.float32)
+    before = twin.stub_stats()
+    (y,), t = lib.launch(kernel.name, [x], core_num=8)
+    np.testing.assert_allclose(y, np.exp(np.abs(x)), rtol=1e-6)
+    after = twin.stub_stats()
+    assert after["launches"] == before["launches"] + 1
+    assert after["last_block_dim"] == t.blockDim == 8
+    assert after["h2d_bytes"] - before["h2d_bytes"] == x.nbytes + 48  # inputs + tiling data
+    assert after["d2h_bytes"] - before["d2h_bytes"] == y.nbytes
+    assert after["mallocs"] - before["mallocs"] == after["frees"] - before["frees"] == 3
+
+
+def test_launcher_asks_the_device_for_its_core_count(launcher, monkeypatch):
+    kernel, lib = launcher
+    monkeypatch.setenv("TWIN_ACL_VECTOR_CORES", "48")
+    x = np.ones(48 * 1024, np.float32)
+    (y,), t = lib.launch(kernel.name, [x], core_num=0, symbol="autofuse_npu_launch")
+    assert t.blockDim == 48
+    np.testing.assert_allclose(y, np.e, rtol=1e-6)
+
+
+def test_stand_in_runtime_catches_a_launcher_without_synchronisation():
+    kernel = generate(CHAIN, "mut_nosync")
+    host = f"{kernel.name}_host.cpp"
+    kernel.sources[host] = kernel.sources[host].replace("rc = aclrtSynchronizeStream(stream);", "")
+    lib = twin.build([kernel], acl=True)
+    with pytest.raises(twin.TwinError, match="not synchronised"):
+        lib.launch(kernel.name, [np.ones(1000, np.float32)], core_num=4)
+
+
+DISPATCH_TEST = r"""
+#include <cstdio>
+#include <vector>
+#include "npu_dispatch.h"
+int main(int argc, char** argv) {
+  std::string why;
+  auto npu = tf_autofuse::npu::Launcher::Open(argv[1], &why);
+  if (!npu) { std::printf("open failed: %s\n", why.c_str()); return 1; }
+  std::vector<float> x(5000), y(5000, 0.f);
+  for (int i = 0; i < 5000; ++i) x[i] = (i % 7) - 3.0f;
+  std::string error;
+  if (!npu->Run({x.data()}, {y.data()}, x.size(), &error, 40)) { std::printf("run failed: %s\n", error.c_str()); return 1; }
+  std::vector<float> z(5000);
+  bool wrong_count = npu->Run({x.data(), x.data()}, {z.data()}, x.size(), &error, 40);
+  std::printf("%s %s", npu->kernel_name().c_str(), wrong_count ? "accepted" : error.c_str());
+  for (int i = 0; i < 5000; i += 1000) std::printf(" %.6f", y[i]);
+  std::printf("\n");
+  auto missing = tf_autofuse::npu::Launcher::Open("/nonexistent/lib.so", &why);
+  return missing ? 1 : 0;
+}
+"""
+
+
+def test_cpp_npu_dispatch_runs_a_kernel_library(launcher, tmp_path):
+    kernel, lib = launcher
+    src = tmp_path / "dispatch_test.cpp"
+    src.write_text(DISPATCH_TEST)
+    host = ROOT / "tf_autofuse/codegen/host"
+    exe = tmp_path / "dispatch_test"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{host}", str(src), "-o", str(exe), "-ldl"], check=True)
+    out = subprocess.run([str(exe), str(lib.path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    words = out.stdout.split()
+    assert words[0] == kernel.name
+    assert "bad launch arguments" in out.stdout
+    x = np.array([(i % 7) - 3.0 for i in range(0, 5000, 1000)], np.float32)
+    np.testing.assert_allclose([float(w) for w in words[-5:]], np.exp(np.abs(x)), rtol=1e-5)
