@@ -412,3 +412,125 @@ def test_cpp_npu_dispatch_runs_a_kernel_library(launcher, tmp_path):
     assert "bad launch arguments" in out.stdout
     x = np.array([(i % 7) - 3.0 for i in range(0, 5000, 1000)], np.float32)
     np.testing.assert_allclose([float(w) for w in words[-5:]], np.exp(np.abs(x)), rtol=1e-5)
+
+
+# ---- CANN detection and the dispatch decision ------------------------------------------------
+
+from tf_autofuse.codegen import cann, dump  # noqa: E402
+
+
+def fake_cann(root: Path, cmake_exit: int = 1) -> dict:
+    (root / "compiler/ccec_compiler/bin").mkdir(parents=True)
+    (root / "compiler/ccec_compiler/bin/bisheng").write_text("#!/bin/sh\nexit 1\n")
+    (root / "lib64").mkdir()
+    (root / "lib64/libascendcl.so").write_bytes(b"")
+    tools = root / "tools"
+    tools.mkdir()
+    (tools / "cmake").write_text(f"#!/bin/sh\necho fake cmake: no ASC here\nexit {cmake_exit}\n")
+    (tools / "cmake").chmod(0o755)
+    return {"ASCEND_HOME_PATH": str(root), "PATH": str(tools)}
+
+
+def test_detect_finds_cann_from_the_environment(tmp_path):
+    env = fake_cann(tmp_path / "ascend")
+    found, why = cann.detect(env)
+    assert found and why == ""
+    assert found.bisheng.name == "bisheng" and found.libascendcl.name == "libascendcl.so"
+    assert found.cmake == str(tmp_path / "ascend/tools/cmake")
+    toolkit = {"ASCEND_TOOLKIT_HOME": env["ASCEND_HOME_PATH"], "PATH": env["PATH"]}
+    assert cann.detect(toolkit)[0].home == found.home
+    missing, why = cann.detect({"ASCEND_HOME_PATH": str(tmp_path / "nowhere"), "PATH": ""})
+    assert missing is None and "nowhere" in why
+
+
+def test_without_cann_one_info_line_and_the_cpu_path(caplog, tmp_path):
+    cann.reset_for_tests()
+    env = {"ASCEND_HOME_PATH": str(tmp_path / "none"), "PATH": ""}
+    with caplog.at_level("INFO", logger="tf_autofuse"):
+        assert cann.prepare(CHAIN, "k0", env) is None
+        assert cann.prepare(CHAIN, "k1", env) is None
+    lines = [r for r in caplog.records if "fused kernels run on the CPU" in r.getMessage()]
+    assert len(lines) == 1
+
+
+def test_a_failed_npu_build_warns_once_and_keeps_the_cpu_path(tmp_path):
+    from tf_autofuse import _warn
+    cann.reset_for_tests()
+    _warn.reset()
+    env = fake_cann(tmp_path / "ascend")
+    with pytest.warns(Warning, match="NPU build failed") as record:
+        assert cann.prepare(CHAIN, "autofuse_pointwise_7_Abs", env) is None
+        assert cann.prepare(CHAIN, "autofuse_pointwise_7_Abs", env) is None
+    assert len([w for w in record if "NPU build failed" in str(w.message)]) == 1
+    assert "fake cmake" in str(record[0].message)
+
+
+def test_unmappable_group_is_not_built(tmp_path):
+    cann.reset_for_tests()
+    env = fake_cann(tmp_path / "ascend")
+    assert cann.prepare("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "erf_only", env) is None
+
+
+def test_attach_npu_libraries_without_cann_changes_nothing(tmp_path):
+    from tensorflow.core.framework import graph_pb2
+    g = graph_pb2.GraphDef()
+    node = g.node.add(name="autofuse_pointwise_0_Abs", op="AutofuseKernel")
+    node.attr["program"].s = CHAIN.encode()
+    assert cann.attach_npu_libraries(g, {"ASCEND_HOME_PATH": str(tmp_path), "PATH": ""}) == 0
+    assert cann.NPU_LIBRARY_ATTR not in g.node[0].attr
+
+
+def test_cmake_build_plan_names_the_toolchain(tmp_path):
+    env = fake_cann(tmp_path / "ascend")
+    found, _ = cann.detect(env)
+    kernel = generate(CHAIN, "autofuse_pointwise_0_Abs_Relu_Exp")
+    files, commands, product = cann.build_plan(kernel, found, {cann.ARCH_ENV: "dav-2201"})
+    assert product == "libautofuse_pointwise_0_abs_relu_exp.so"
+    assert "find_package(ASC REQUIRED" in files["CMakeLists.txt"]
+    assert "--npu-arch=dav-2201" in files["CMakeLists.txt"]
+    assert "AUTOFUSE_SINGLE_KERNEL" in files["CMakeLists.txt"]
+    assert commands[0][0] == found.cmake
+
+
+# ---- debug dump and the offline CLI ----------------------------------------------------------
+
+def test_debug_dump_hook_writes_sources_tiling_commands_and_logs(tmp_path):
+    env = {"AUTOFUSE_DFX_FLAGS": f"--codegen_compile_debug=true;--debug_dir={tmp_path}"}
+    fusions = [("autofuse_pointwise_0_Abs_Relu_Exp", CHAIN.replace("[?]", "[64,100]")),
+               ("autofuse_pointwise_1_Erf", "in0: f32[?]\n%0 = Erf in0\nout0 = %0\n")]
+    kernels = dump.dump_if_enabled(fusions, environ=env)
+    assert [k.ok for k in kernels] == [True, False]
+    out = tmp_path / "codegen/autofuse_pointwise_0_abs_relu_exp"
+    for name in ("program.txt", "autofuse_pointwise_0_abs_relu_exp_kernel.cpp",
+                 "autofuse_pointwise_0_abs_relu_exp_tiling.h", "autofuse_pointwise_0_abs_relu_exp_host.cpp",
+                 "autofuse_pointwise_0_abs_relu_exp.asc", "CMakeLists.txt", "autofuse_launch.h",
+                 "ub_plan.txt", "tiling.txt", "build_commands.txt", "twin_build.log"):
+        assert (out / name).is_file(), name
+    assert "total=6400 cores=40" in (out / "tiling.txt").read_text()
+    assert "g++" in (out / "build_commands.txt").read_text()
+    assert "cmake" in (out / "build_commands.txt").read_text()
+    assert "Erf" in (tmp_path / "codegen/autofuse_pointwise_1_erf/refused.txt").read_text()
+    assert dump.dump_if_enabled(fusions, environ={}) == []
+
+
+def test_cli_generates_for_a_saved_graph(tmp_path):
+    from google.protobuf import text_format
+    from tensorflow.core.framework import graph_pb2
+
+    g = graph_pb2.GraphDef()
+    x = g.node.add(name="x", op="Placeholder")
+    x.attr["dtype"].type = 1
+    prev = "x"
+    for op in ("Abs", "Relu", "Exp"):
+        n = g.node.add(name=op.lower(), op=op, input=[prev])
+        n.attr["T"].type = 1
+        prev = n.name
+    g.node.add(name="out", op="Identity", input=[prev]).attr["T"].type = 1
+    path = tmp_path / "graph.pbtxt"
+    path.write_text(text_format.MessageToString(g))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "tf_autofuse", "codegen", str(path), "-o",
+                          str(tmp_path / "dump")], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "generated" in out.stdout, out.stdout
+    assert list((tmp_path / "dump/codegen").glob("*/*_kernel.cpp"))

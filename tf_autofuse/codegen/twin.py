@@ -133,7 +133,14 @@ def stub_library() -> Path:
 
 
 def build(kernels, acl: bool = False, single: bool = False) -> "TwinLibrary":
-    kernels = [k for k in kernels]
+    kernels = list(kernels)
+    key, files, command = plan(kernels, acl, single)
+    path = _build.cached_build("twin", key, files, [command], "libtwin.so")
+    return TwinLibrary(path, {k.name: k for k in kernels})
+
+
+def plan(kernels, acl: bool = False, single: bool = False):
+    """(cache key, files, g++ command) of a twin build."""
     for k in kernels:
         if not k.ok:
             raise ValueError(f"{k.name} was not generated: {k.reason}")
@@ -152,8 +159,7 @@ def build(kernels, acl: bool = False, single: bool = False) -> "TwinLibrary":
     key = _build.key_of(_build.support_digest(), _build.cxx(), flags, link,
                         *(f"{n}\0{t}" for n, t in sorted(files.items())))
     command = [_build.cxx(), *flags, "twin_main.cpp", "-o", "libtwin.so", *link]
-    path = _build.cached_build("twin", key, files, [command], "libtwin.so")
-    return TwinLibrary(path, {k.name: k for k in kernels})
+    return key, files, command
 
 
 class TwinLibrary:
