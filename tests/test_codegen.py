@@ -230,7 +230,8 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f64[?]\n%0 = Abs in0\nout0 = %0\n", "f64"),
     ("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "advanced math"),
     ("in0: f32[?]\n%0 = Floor in0\nout0 = %0\n", "Select"),
-    ("in0: f16[128,192]\nin1: f16[192]\n%0 = Abs in0\n%1 = Add %0, in1\nout0 = %1\n", "broadcast"),
+    ("in0: f32[8,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, inner]"),
+    ("in0: f32[?]\n%0 = Abs in0\nout0 = %0 -> [?,2]\n", "reshaped"),
     ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "reduc"),
     ("in0: f32[?]\nin1: f32[?]\n%0 = Greater in0, in1\nout0 = %0\n", "bool"),
 ])
@@ -371,7 +372,7 @@ def test_stand_in_runtime_catches_a_launcher_without_synchronisation():
     host = f"{kernel.name}_host.cpp"
     kernel.sources[host] = kernel.sources[host].replace("rc = aclrtSynchronizeStream(stream);", "")
     lib = twin.build([kernel], acl=True)
-    with pytest.raises(twin.TwinError, match="not synchronised"):
+    with pytest.raises(twin.TwinError, match="not yet synchronised"):
         lib.launch(kernel.name, [np.ones(1000, np.float32)], core_num=4)
 
 
@@ -534,3 +535,67 @@ def test_cli_generates_for_a_saved_graph(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "generated" in out.stdout, out.stdout
     assert list((tmp_path / "dump/codegen").glob("*/*_kernel.cpp"))
+
+
+# ---- broadcast inputs ---------------------------------------------------------------------------
+
+BCAST = {
+    "bias_f16": ("in0: f16[?,?]\nin1: f16[?]\n%0 = Abs in0\n%1 = Add %0, in1\n%2 = Relu %1\nout0 = %2\n",
+                 ("full", "row"), lambda x, b: np.maximum(np.abs(x) + b, 0)),
+    "rowmax_f32": ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sub in0, in1\n%1 = Exp %0\nout0 = %1\n",
+                   ("full", "col"), lambda x, m: np.exp(x - m)),
+    "scalar_i32": ("in0: i32[?,?]\nin1: i32[]\nin2: i32[?]\n%0 = Mul in0, in1\n%1 = Add %0, in2\nout0 = %1\n",
+                   ("full", "scalar", "row"), lambda x, s, r: x * s + r),
+    "bf16_view": ("in0: bf16[4,?]\nin1: bf16[3] -> [1,3,1]\n%0 = Maximum in0, in1\nout0 = %0\n",
+                  None, None),
+}
+
+
+@pytest.fixture(scope="module")
+def bcast_kernels():
+    kernels = {name: generate(text, name) for name, (text, _, _) in BCAST.items()}
+    return kernels, twin.build([k for k in kernels.values() if k.ok])
+
+
+def test_broadcast_patterns(bcast_kernels):
+    kernels, _ = bcast_kernels
+    for name, (_, patterns, _) in BCAST.items():
+        if patterns is None:
+            assert not kernels[name].ok
+        else:
+            assert kernels[name].ok, kernels[name].reason
+            assert kernels[name].patterns == patterns and kernels[name].split == 1
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (64, 192), (3, 30_001)])
+def test_broadcast_matches_numpy(bcast_kernels, cores, rows, cols):
+    kernels, lib = bcast_kernels
+    rng = np.random.default_rng(rows * cols + cores)
+    x16 = rng.uniform(-3, 3, (rows, cols)).astype(np.float16)
+    b16 = rng.uniform(-1, 1, cols).astype(np.float16)
+    (y,), t = lib.run("bias_f16", [x16, b16], cores)
+    want = np.maximum(np.abs(x16.astype(np.float32)) + b16.astype(np.float32), 0).astype(np.float16)
+    np.testing.assert_array_equal(y, want)
+    assert t == tiling.compute_bcast(rows, cols, cores, kernels["bias_f16"].ub.max_tile)
+    assert t.blockDim <= cores
+    x = rng.uniform(-3, 3, (rows, cols)).astype(np.float32)
+    m = x.max(axis=1, keepdims=True)
+    (y,), _ = lib.run("rowmax_f32", [x, m], cores)
+    np.testing.assert_allclose(y, np.exp(x - m), rtol=1e-6)
+    xi = rng.integers(-100, 100, (rows, cols)).astype(np.int32)
+    si = np.array(7, np.int32)
+    ri = rng.integers(-100, 100, cols).astype(np.int32)
+    (y,), _ = lib.run("scalar_i32", [xi, si, ri], cores)
+    np.testing.assert_array_equal(y, xi * 7 + ri)
+
+
+def test_broadcast_kernel_through_the_launcher():
+    kernel = generate(BCAST["bias_f16"][0], "bias_launch")
+    lib = twin.build([kernel], acl=True)
+    x = np.random.default_rng(4).uniform(-3, 3, (50, 300)).astype(np.float16)
+    b = np.linspace(-1, 1, 300).astype(np.float16)
+    (y,), t = lib.launch(kernel.name, [x, b], core_num=8)
+    np.testing.assert_array_equal(
+        y, np.maximum(np.abs(x.astype(np.float32)) + b.astype(np.float32), 0).astype(np.float16))
+    assert t.blockDim == 8 and t.outer == 50 and t.inner == 300

@@ -41,6 +41,9 @@ class Kernel:
     inputs: tuple = ()  # C types of the kernel's inputs
     outputs: tuple = ()  # C types of its outputs
     half_ops: tuple = ()  # instructions computed in half (blacklisted)
+    split: Optional[int] = None  # broadcast schedule: iteration axes [0, split) are outer; None: flat
+    patterns: tuple = ()  # broadcast schedule: per input "full", "row", "col" or "scalar"
+    rank: int = 0  # broadcast schedule: rank of the iteration shape
 
     @property
     def digest(self) -> str:
@@ -51,6 +54,18 @@ class Kernel:
 
     def tiling(self, total: int, core_num: int) -> tiling.Tiling:
         return tiling.compute(total, core_num, self.ub.max_tile)
+
+    def outer_inner(self, iteration_shape) -> tuple:
+        """(outer, inner) element counts of an iteration shape, for the broadcast schedule."""
+        shape = tuple(iteration_shape)
+        if len(shape) != self.rank:
+            raise ValueError(f"{self.name}: iteration shape {shape} is not of rank {self.rank}")
+        outer = inner = 1
+        for d in shape[:self.split]:
+            outer *= d
+        for d in shape[self.split:]:
+            inner *= d
+        return outer, inner
 
 
 def kernel_name(node_name: str) -> str:
@@ -84,10 +99,13 @@ def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> K
     except ValueError as err:
         return Kernel(name, text, False, f"the program does not parse: {err}")
     reason = _schedule(program)
+    split = patterns = None
+    if reason == _BROADCAST:
+        split, patterns, reason = _split(program)
     if reason:
         return Kernel(name, text, False, reason)
     try:
-        return _Flat(name, program, blacklist).kernel()
+        return _Flat(name, program, blacklist, split, patterns).kernel()
     except _Refused as refused:
         return Kernel(name, text, False, str(refused))
 
@@ -102,11 +120,52 @@ def _schedule(program: ir.Program) -> str:
             return f"%{k} = {inst.op}: dtype {inst.dtype} is not generated"
     if program.has_reduction:
         return "reductions: the reduce schedule (ReduceSum/ReduceMax over the inner axes) is not generated yet"
-    if program.has_broadcast:
-        return "broadcast inputs: the broadcast schedule (per-view GM offsets) is not generated yet"
     if any(o.shape is not None for o in program.outputs):
         return "outputs reshaped with '->' are not generated yet"
+    if program.has_broadcast:
+        return _BROADCAST
     return ""
+
+
+_BROADCAST = "broadcast"
+
+
+def _split(program: ir.Program):
+    """(split axis, per-input pattern, "") of the broadcast schedule, or (None, None, reason).
+
+    The iteration shape is cut into outer axes [0, split) and inner axes [split, rank); every
+    input must be, on each side, either read in full or broadcast (all ones): "full", "row" (inner
+    only, e.g. a bias), "col" (outer only, e.g. [N,1]) or "scalar". "?" counts as not 1."""
+    views = [inp.view for inp in program.inputs]
+    if any(v is None for v in views):
+        return None, None, "broadcast inputs of unknown rank: the view of each input must be known"
+    rank = max(len(v) for v in views)
+    padded = [(1,) * (rank - len(v)) + tuple(v) for v in views]
+    for axis in range(rank):
+        sizes = {d for v in padded for d in (v[axis],) if d != 1}
+        if len(sizes - {-1}) > 1:
+            return None, None, f"incompatible views {views} on axis {axis}"
+    for split in range(rank + 1):
+        patterns = []
+        for v in padded:
+            sides = []
+            for axes in (range(split), range(split, rank)):
+                ones = [v[a] == 1 for a in axes]
+                needed = [any(w[a] != 1 for w in padded) for a in axes]
+                if all(o or not n for o, n in zip(ones, needed)) and any(o and n for o, n in zip(ones, needed)):
+                    sides.append(False)  # broadcast on this side
+                elif not any(o and n for o, n in zip(ones, needed)):
+                    sides.append(True)  # read in full on this side
+                else:
+                    sides.append(None)
+            if None in sides:
+                break
+            patterns.append({(True, True): "full", (False, True): "row", (True, False): "col",
+                             (False, False): "scalar"}[tuple(sides)])
+        else:
+            return split, tuple(patterns), ""
+    return None, None, (f"broadcast pattern of {views} is not an [outer, inner] split "
+                        "(a general strided schedule is not generated yet)")
 
 
 class _Refused(Exception):
@@ -116,8 +175,11 @@ class _Refused(Exception):
 class _Flat:
     """The flat schedule: every value is a tile of the same element range."""
 
-    def __init__(self, name: str, program: ir.Program, blacklist: frozenset):
+    def __init__(self, name: str, program: ir.Program, blacklist: frozenset, split=None, patterns=None):
         self.name, self.p, self.blacklist = name, program, blacklist
+        self.split = split
+        self.patterns = patterns or ("full",) * len(program.inputs)
+        self.queued = [pat in ("full", "row") for pat in self.patterns]
         self.free: list = []
         self.slots = 0
         self.views: dict = {}  # (slot, ctype) -> C++ name of the view
@@ -162,7 +224,7 @@ class _Flat:
         # where each value lives: (C++ tensor expression, ctype, slot or None)
         loc: dict = {}
         for k, inp in enumerate(p.inputs):
-            if STORAGE[inp.dtype] == CTYPE[inp.dtype]:
+            if STORAGE[inp.dtype] == CTYPE[inp.dtype] and self.queued[k]:
                 loc[ir.Ref("in", k)] = (f"x{k}", CTYPE[inp.dtype], None)
         # values written straight into their output tensor
         direct = {}
@@ -233,7 +295,8 @@ class _Flat:
         for j, ref in enumerate(output_refs):
             if ref in direct and loc[ref][0] == f"y{j}":
                 continue
-            if ref.kind == "in" and CTYPE[p.inputs[ref.index].dtype] == out_types[j]:
+            if (ref.kind == "in" and self.queued[ref.index]
+                    and CTYPE[p.inputs[ref.index].dtype] == out_types[j]):
                 expr, t = f"x{ref.index}", out_types[j]
             else:
                 expr, t = self._operand(ref, loc)
@@ -242,7 +305,8 @@ class _Flat:
             else:
                 self._vec(f"Cast(y{j}, {expr}, RoundMode::CAST_RINT, cn);")
 
-        buffers = [(f"in{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(in_types)]
+        buffers = [(f"in{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(in_types)
+                   if self.queued[k]]
         buffers += [(f"out{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(out_types)]
         buffers += [(f"scratch{s}", 4, 1) for s in range(self.slots)]
         ub = tiling.plan_ub(buffers)
@@ -255,11 +319,21 @@ class _Flat:
             f"{self.name}_kernel.cpp": self._kernel_source(in_types, out_types, ub),
             f"{self.name}_host.cpp": self._host_source(in_types, out_types, ub),
         }
+        rank = 0 if self.split is None else max(len(i.view) for i in p.inputs)
         return Kernel(self.name, p.text, True, "", sources, ub, tuple(in_types), tuple(out_types),
-                      tuple(self.half_ops))
+                      tuple(self.half_ops), self.split, tuple(self.patterns) if self.split is not None else (),
+                      rank)
 
     def _operand(self, ref, loc):
         """The tensor holding `ref` in its compute type; 16-bit inputs are Cast up on first use."""
+        if ref not in loc and ref.kind == "in" and not self.queued[ref.index]:
+            # a broadcast column / scalar: one GM element for the whole tile
+            ctype = STORAGE[self.p.inputs[ref.index].dtype]
+            slot = self._alloc()
+            view = self._view(slot, ctype)
+            index = "o" if self.patterns[ref.index] == "col" else "0"
+            self._vec(f"Duplicate({view}, static_cast<{ctype}>(in{ref.index}Gm.GetValue({index})), cn);")
+            loc[ref] = (view, ctype, slot)
         if ref not in loc:  # a 16-bit input: widen it into a scratch slot
             slot = self._alloc()
             view = self._view(slot, "float")
@@ -279,7 +353,8 @@ class _Flat:
         guard = f"{self.name.upper()}_TILING_H_"
         return (f"// Tiling data of {self.name}: computed on the host, read by the kernel.\n"
                 f"#ifndef {guard}\n#define {guard}\n#include <cstdint>\n\n"
-                f"{tiling.cpp_struct(self.name + '_TilingData')}\n#endif  // {guard}\n")
+                f"{tiling.cpp_struct(self.name + '_TilingData', self.split is not None)}\n"
+                f"#endif  // {guard}\n")
 
     def _kernel_source(self, in_types, out_types, ub) -> str:
         n = self.name
@@ -289,30 +364,43 @@ class _Flat:
         gm_names = ", ".join([f"in{k}" for k in range(nin)] + [f"out{k}" for k in range(nout)])
         members = []
         for k, t in enumerate(in_types):
-            members.append(f"  TQue<TPosition::VECIN, BUFFER_NUM> inQue{k};")
+            if self.queued[k]:
+                members.append(f"  TQue<TPosition::VECIN, BUFFER_NUM> inQue{k};")
             members.append(f"  GlobalTensor<{t}> in{k}Gm;")
         for k, t in enumerate(out_types):
             members.append(f"  TQue<TPosition::VECOUT, BUFFER_NUM> outQue{k};")
             members.append(f"  GlobalTensor<{t}> out{k}Gm;")
         members += [f"  TBuf<TPosition::VECCALC> calc{s};" for s in range(self.slots)]
+        bcast = self.split is not None
+        extent = {"full": "t.outer * t.inner", "row": "t.inner", "col": "t.outer", "scalar": "1"}
         init = []
         for k, t in enumerate(in_types):
-            init.append(f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k} + start, len);")
-            init.append(f"    pipe.InitBuffer(inQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+            if bcast:
+                init.append(f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k}, {extent[self.patterns[k]]});")
+            else:
+                init.append(f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k} + start, len);")
+            if self.queued[k]:
+                init.append(f"    pipe.InitBuffer(inQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
         for k, t in enumerate(out_types):
-            init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k} + start, len);")
+            if bcast:
+                init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer * t.inner);")
+            else:
+                init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k} + start, len);")
             init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
         init += [f"    pipe.InitBuffer(calc{s}, t.tileLength * 4);" for s in range(self.slots)]
 
         def copy_in(k, t):
+            if not self.queued[k]:
+                return ""
+            off = "col" if bcast and self.patterns[k] == "row" else "off"
             return f"""\
     LocalTensor<{t}> x{k} = inQue{k}.AllocTensor<{t}>();
     if ((n * sizeof({t})) % 32 == 0) {{
-      DataCopy(x{k}, in{k}Gm[off], n);
+      DataCopy(x{k}, in{k}Gm[{off}], n);
     }} else {{
       DataCopyExtParams copy{{1, static_cast<uint32_t>(n * sizeof({t})), 0, 0, 0}};
       DataCopyPadExtParams<{t}> pad{{false, 0, 0, static_cast<{t}>(0)}};
-      DataCopyPad(x{k}, in{k}Gm[off], copy, pad);
+      DataCopyPad(x{k}, in{k}Gm[{off}], copy, pad);
     }}
     inQue{k}.EnQue(x{k});
 """
@@ -329,18 +417,63 @@ class _Flat:
     outQue{k}.FreeTensor(y{k});
 """
 
-        compute = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)]
+        compute = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)
+                   if self.queued[k]]
         compute += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();" for k, t in enumerate(out_types)]
         for (slot, ctype), view in sorted(self.views.items()):
             compute.append(f"    LocalTensor<{ctype}> {view} = calc{slot}.Get<{ctype}>();")
         compute += [f"    {s}" for s in self.body]
         compute += [f"    outQue{k}.EnQue(y{k});" for k in range(nout)]
-        compute += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin)]
+        compute += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin) if self.queued[k]]
+        if bcast:
+            prelude = """\
+    const uint64_t first = GetBlockIdx() * t.tilesPerBlock;
+    firstTile = first;
+    lastTile = first + t.tilesPerBlock < t.totalTiles ? first + t.tilesPerBlock : t.totalTiles;
+    inner = t.inner;
+    tilesPerRow = t.tilesPerRow;
+    tileLength = t.tileLength;"""
+            process = """\
+    for (uint64_t g = firstTile; g < lastTile; ++g) {
+      const uint64_t o = g / tilesPerRow;  // outer index: the row
+      const uint64_t col = (g % tilesPerRow) * tileLength;  // inner offset in the row
+      const uint64_t off = o * inner + col;
+      const uint32_t n = static_cast<uint32_t>(inner - col < tileLength ? inner - col : tileLength);
+      CopyIn(off, col, n);
+      Compute(o, n);
+      CopyOut(off, n);
+    }"""
+            copy_in_params = "uint64_t off, uint64_t col, uint32_t n"
+            compute_params = "uint64_t o, uint32_t n"
+            state = "  uint64_t firstTile = 0, lastTile = 0, inner = 0, tilesPerRow = 0;\n  uint32_t tileLength = 0;"
+        else:
+            prelude = """\
+    const uint64_t block = GetBlockIdx();
+    const bool last = block + 1 == t.blockDim;
+    const uint64_t start = block * t.blockLength;
+    const uint64_t len = last ? t.lastBlockLength : t.blockLength;
+    tileLength = t.tileLength;
+    tileNum = last ? t.lastTileNum : t.tileNum;
+    tailLength = last ? t.lastTailLength : t.tailLength;"""
+            process = """\
+    for (uint32_t i = 0; i < tileNum; ++i) {
+      const uint32_t n = i + 1 == tileNum ? tailLength : tileLength;
+      const uint64_t off = static_cast<uint64_t>(i) * tileLength;
+      CopyIn(off, n);
+      Compute(n);
+      CopyOut(off, n);
+    }"""
+            copy_in_params = "uint64_t off, uint32_t n"
+            compute_params = "uint32_t n"
+            state = "  uint32_t tileLength = 0, tileNum = 0, tailLength = 0;"
+        schedule = ("flat" if not bcast else
+                    f"broadcast, outer axes [0, {self.split}), inputs "
+                    + ", ".join(f"in{k} {pat}" for k, pat in enumerate(self.patterns)))
         half_note = ("// Computed in half (--autofuse_enhance_precision_blacklist): "
                      + ", ".join(self.half_ops) + "\n") if self.half_ops else ""
         return f"""\
 // Generated by tf_autofuse.codegen from the fused program:
-{program}// Schedule: flat. {ub.describe()}
+{program}// Schedule: {schedule}. {ub.describe()}
 {half_note}#include "kernel_operator.h"
 #include "{n}_tiling.h"
 
@@ -354,29 +487,17 @@ class Kernel {{
  public:
   __aicore__ inline Kernel() {{}}
   __aicore__ inline void Init({gm_args}, const {n}_TilingData& t) {{
-    const uint64_t block = GetBlockIdx();
-    const bool last = block + 1 == t.blockDim;
-    const uint64_t start = block * t.blockLength;
-    const uint64_t len = last ? t.lastBlockLength : t.blockLength;
-    tileLength = t.tileLength;
-    tileNum = last ? t.lastTileNum : t.tileNum;
-    tailLength = last ? t.lastTailLength : t.tailLength;
+{prelude}
 {chr(10).join(init)}
   }}
   __aicore__ inline void Process() {{
-    for (uint32_t i = 0; i < tileNum; ++i) {{
-      const uint32_t n = i + 1 == tileNum ? tailLength : tileLength;
-      const uint64_t off = static_cast<uint64_t>(i) * tileLength;
-      CopyIn(off, n);
-      Compute(n);
-      CopyOut(off, n);
-    }}
+{process}
   }}
 
  private:
-  __aicore__ inline void CopyIn(uint64_t off, uint32_t n) {{
+  __aicore__ inline void CopyIn({copy_in_params}) {{
 {"".join(copy_in(k, t) for k, t in enumerate(in_types))}  }}
-  __aicore__ inline void Compute(uint32_t n) {{
+  __aicore__ inline void Compute({compute_params}) {{
     const int32_t cn = static_cast<int32_t>((n + ALIGN - 1) / ALIGN * ALIGN);  // pad lanes are don't-care
 {chr(10).join(compute)}
   }}
@@ -385,7 +506,7 @@ class Kernel {{
 
   TPipe pipe;
 {chr(10).join(members)}
-  uint32_t tileLength = 0, tileNum = 0, tailLength = 0;
+{state}
 }};
 
 __aicore__ inline void CopyTiling({n}_TilingData* t, GM_ADDR tiling) {{
@@ -413,6 +534,24 @@ extern "C" __global__ __aicore__ void {n}({gm_args}, GM_ADDR workspace, GM_ADDR 
         out_sizes = ", ".join(str(SIZE[t]) for t in out_types)
         dev_args = ", ".join([f"static_cast<uint8_t*>(dev[{k}])" for k in range(nin + nout)]
                              + ["nullptr", f"static_cast<uint8_t*>(dev[{nin + nout}])"])
+        if self.split is None:
+            tiling_fn = tiling.cpp_function(n, n + "_TilingData", ub.max_tile)
+            tiling_call = (f'  if ({n}_tiling(a->total, core_num, 0, &t) != 0) '
+                           f'return autofuse_launch_fail(a, -1, "{n}: tiling failed");')
+            in_bytes = f"  for (int k = 0; k < {nin}; ++k) bytes[k] = a->total * {n}_IN_SIZES[k];"
+        else:
+            rank = max(len(i.view) for i in self.p.inputs)
+            tiling_fn = tiling.cpp_bcast_function(n, n + "_TilingData", ub.max_tile)
+            tiling_call = f"""\
+  if (a->rank != {rank} || (a->rank && !a->shape))
+    return autofuse_launch_fail(a, -1, "{n}: the iteration shape must have rank {rank}");
+  uint64_t outer = 1, inner = 1;
+  for (uint32_t d = 0; d < a->rank; ++d) (d < {self.split} ? outer : inner) *= static_cast<uint64_t>(a->shape[d]);
+  if (outer * inner != a->total) return autofuse_launch_fail(a, -1, "{n}: total != product of the shape");
+  if ({n}_tiling(outer, inner, core_num, 0, &t) != 0) return autofuse_launch_fail(a, -1, "{n}: tiling failed");"""
+            extent = {"full": "outer * inner", "row": "inner", "col": "outer", "scalar": "1"}
+            in_bytes = "\n".join(f"  bytes[{k}] = ({extent[pat]}) * {n}_IN_SIZES[{k}];"
+                                 for k, pat in enumerate(self.patterns))
         return f"""\
 // Host side of {n}: the tiling function and the ACL launch glue.
 // Build with AUTOFUSE_WITH_ACL for the launcher (needs acl/acl.h and libascendcl.so).
@@ -422,7 +561,7 @@ extern "C" __global__ __aicore__ void {n}({gm_args}, GM_ADDR workspace, GM_ADDR 
 #include "{n}_tiling.h"
 #include "autofuse_launch.h"
 
-{tiling.cpp_function(n, n + "_TilingData", ub.max_tile)}
+{tiling_fn}
 static const uint32_t {n}_IN_SIZES[{nin}] = {{{in_sizes}}};
 static const uint32_t {n}_OUT_SIZES[{nout}] = {{{out_sizes}}};
 
@@ -439,11 +578,11 @@ extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
   aclError rc = autofuse_acl_prepare(a->device_id, &stream, &core_num);
   if (rc != ACL_SUCCESS) return autofuse_launch_fail(a, rc, "{n}: device setup failed");
   {n}_TilingData t;
-  if ({n}_tiling(a->total, core_num, 0, &t) != 0) return autofuse_launch_fail(a, -1, "{n}: tiling failed");
+{tiling_call}
   if (t.blockDim == 0) return 0;
   void* dev[{nin + nout + 1}] = {{}};
   uint64_t bytes[{nin + nout + 1}];
-  for (int k = 0; k < {nin}; ++k) bytes[k] = a->total * {n}_IN_SIZES[k];
+{in_bytes}
   for (int k = 0; k < {nout}; ++k) bytes[{nin} + k] = a->total * {n}_OUT_SIZES[k];
   bytes[{nin + nout}] = sizeof(t);
   const char* what = "aclrtMalloc";

@@ -95,8 +95,81 @@ def compute(total: int, core_num: int, max_tile: int) -> Tiling:
     return Tiling(total, block_len, last_len, block_dim, tile, tile_num, tail, last_num, last_tail)
 
 
-def cpp_struct(name: str) -> str:
-    fields = "\n".join(f"  {ctype} {field};" for ctype, field in TILING_FIELDS)
+BCAST_FIELDS = (  # the broadcast schedule: tiles are chunks of one row of the [outer, inner] view
+    ("uint64_t", "outer"),
+    ("uint64_t", "inner"),
+    ("uint64_t", "tilesPerRow"),
+    ("uint64_t", "totalTiles"),
+    ("uint64_t", "tilesPerBlock"),
+    ("uint32_t", "blockDim"),
+    ("uint32_t", "tileLength"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BcastTiling:
+    outer: int
+    inner: int
+    tilesPerRow: int
+    totalTiles: int
+    tilesPerBlock: int
+    blockDim: int
+    tileLength: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def compute_bcast(outer: int, inner: int, core_num: int, max_tile: int) -> BcastTiling:
+    if outer <= 0 or inner <= 0 or core_num <= 0:
+        return BcastTiling(max(outer, 0), max(inner, 0), 0, 0, 0, 0, max_tile)
+    tile = min(max_tile, _ceil(inner, ALIGN_ELEMS) * ALIGN_ELEMS)
+    per_row = _ceil(inner, tile)
+    total = outer * per_row
+    block_dim = min(core_num, total)
+    per_block = _ceil(total, block_dim)
+    block_dim = _ceil(total, per_block)
+    return BcastTiling(outer, inner, per_row, total, per_block, block_dim, tile)
+
+
+def cpp_bcast_function(kernel: str, struct: str, max_tile: int) -> str:
+    """`int KERNEL_tiling(outer, inner, core_num, tile_override, out)`."""
+    return f"""\
+static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
+static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
+
+// Tiles are chunks of one row of the [outer, inner] iteration view (the tile: the UB maximum, or
+// the row rounded up to {ALIGN_ELEMS}); the outer x tilesPerRow tiles are dealt to at most core_num
+// blocks in equal runs. tile_override != 0 forces the tile (tests).
+extern "C" int {kernel}_tiling(uint64_t outer, uint64_t inner, uint32_t core_num,
+                               uint32_t tile_override, {struct}* t) {{
+  const uint64_t align = {kernel}_ALIGN;
+  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
+  t->outer = outer;
+  t->inner = inner;
+  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
+  t->blockDim = 0;
+  t->tileLength = static_cast<uint32_t>(max_tile);
+  if (core_num == 0) return 1;
+  if (outer == 0 || inner == 0) return 0;
+  uint64_t row = (inner + align - 1) / align * align;
+  uint64_t tile = max_tile < row ? max_tile : row;
+  uint64_t per_row = (inner + tile - 1) / tile;
+  uint64_t total = outer * per_row;
+  uint64_t block_dim = total < core_num ? total : core_num;
+  uint64_t per_block = (total + block_dim - 1) / block_dim;
+  t->tileLength = static_cast<uint32_t>(tile);
+  t->tilesPerRow = per_row;
+  t->totalTiles = total;
+  t->tilesPerBlock = per_block;
+  t->blockDim = static_cast<uint32_t>((total + per_block - 1) / per_block);
+  return 0;
+}}
+"""
+
+
+def cpp_struct(name: str, bcast: bool = False) -> str:
+    fields = "\n".join(f"  {ctype} {field};" for ctype, field in (BCAST_FIELDS if bcast else TILING_FIELDS))
     return f"struct {name} {{\n{fields}\n}};\n"
 
 

@@ -36,28 +36,44 @@ class _Tiling(ctypes.Structure):
         return _tiling.Tiling(**{name: getattr(self, name) for _, name in _tiling.TILING_FIELDS})
 
 
+class _BcastTiling(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64 if ctype == "uint64_t" else ctypes.c_uint32)
+                for ctype, name in _tiling.BCAST_FIELDS]
+
+    def as_tiling(self) -> _tiling.BcastTiling:
+        return _tiling.BcastTiling(**{name: getattr(self, name) for _, name in _tiling.BCAST_FIELDS})
+
+
 class _LaunchArgs(ctypes.Structure):
     _fields_ = [("abi_version", ctypes.c_uint32), ("device_id", ctypes.c_int32),
                 ("stream", ctypes.c_void_p), ("core_num", ctypes.c_uint32),
                 ("total", ctypes.c_uint64), ("num_inputs", ctypes.c_uint32),
                 ("inputs", ctypes.POINTER(ctypes.c_void_p)), ("num_outputs", ctypes.c_uint32),
                 ("outputs", ctypes.POINTER(ctypes.c_void_p)), ("tiling_out", ctypes.c_void_p),
-                ("error", ctypes.c_char_p), ("error_len", ctypes.c_uint32)]
+                ("error", ctypes.c_char_p), ("error_len", ctypes.c_uint32),
+                ("rank", ctypes.c_uint32), ("shape", ctypes.POINTER(ctypes.c_int64))]
 
 
 def _harness(k: Kernel, acl: bool) -> str:
     n = k.name
     nin, nout = len(k.inputs), len(k.outputs)
     gm = ", ".join([f"(GM_ADDR)ins[{i}]" for i in range(nin)] + [f"(GM_ADDR)outs[{i}]" for i in range(nout)])
-    reg = "".join(f"  twin::Gm().Add(ins[{i}], total * sizeof({t}));\n" for i, t in enumerate(k.inputs))
+    extent = {"full": "total", "row": "inner", "col": "outer", "scalar": "1"}
+    patterns = k.patterns or ("full",) * nin
+    reg = "".join(f"  twin::Gm().Add(ins[{i}], ({extent[patterns[i]]}) * sizeof({t}));\n"
+                  for i, t in enumerate(k.inputs))
     reg += "".join(f"  twin::Gm().Add(outs[{i}], total * sizeof({t}));\n" for i, t in enumerate(k.outputs))
     unreg = "".join(f"  twin::Gm().Remove(ins[{i}]);\n" for i in range(nin))
     unreg += "".join(f"  twin::Gm().Remove(outs[{i}]);\n" for i in range(nout))
+    tiling_call = (f"{n}_tiling(total, core_num, tile_override, &t)" if k.split is None
+                   else f"{n}_tiling(outer, inner, core_num, tile_override, &t)")
     text = f"""
-extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t total, uint32_t core_num,
-                            uint32_t tile_override, void* tiling_out, char* err, uint32_t err_len) {{
+extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t outer, uint64_t inner,
+                            uint32_t core_num, uint32_t tile_override, void* tiling_out, char* err,
+                            uint32_t err_len) {{
   {n}_TilingData t;
-  if ({n}_tiling(total, core_num, tile_override, &t) != 0) {{
+  const uint64_t total = outer * inner;
+  if ({tiling_call} != 0) {{
     std::snprintf(err, err_len, "tiling failed");
     return 1;
   }}
@@ -93,7 +109,9 @@ static aclError twin_launch_{n}(uint32_t block_dim, aclrtStream stream, {params}
     if (i == {nin + nout}) continue;  // workspace: none
     if (twinAclDeviceSize(c->args[i]) == 0) {{ delete c; return ACL_ERROR_INVALID_PARAM; }}
   }}
-  aclError rc = twinAclEnqueue(stream, {n}_run_ctx, c, block_dim);
+  const void* used[{nin + nout + 2}];
+  for (int i = 0; i < {nin + nout + 2}; ++i) used[i] = c->args[i];
+  aclError rc = twinAclEnqueue(stream, {n}_run_ctx, c, block_dim, used, {nin + nout + 2});
   if (rc != ACL_SUCCESS) delete c;
   return rc;
 }}
@@ -169,46 +187,56 @@ class TwinLibrary:
         self.lib = ctypes.CDLL(str(path))
 
     def _buffers(self, kernel: Kernel, inputs):
-        arrays = []
-        for ctype, array in zip(kernel.inputs, inputs):
-            arrays.append(np.ascontiguousarray(array, dtype=NUMPY[ctype]).reshape(-1))
-        if len(arrays) != len(kernel.inputs):
+        """(flat input arrays, output arrays, outer, inner, iteration shape)."""
+        if len(inputs) != len(kernel.inputs):
             raise ValueError(f"{kernel.name} takes {len(kernel.inputs)} inputs")
-        total = arrays[0].size if arrays else 0
-        if any(a.size != total for a in arrays):
-            raise ValueError("flat kernels take inputs of one element count")
+        arrays = [np.ascontiguousarray(a, dtype=NUMPY[c]) for c, a in zip(kernel.inputs, inputs)]
+        if kernel.split is None:
+            total = arrays[0].size
+            if any(a.size != total for a in arrays):
+                raise ValueError("flat kernels take inputs of one element count")
+            shape, outer, inner = (total,), 1, total
+        else:  # inputs come in their view shapes; the iteration shape is their broadcast
+            shape = np.broadcast_shapes(*[a.shape for a in arrays])
+            shape = (1,) * (kernel.rank - len(shape)) + tuple(shape)
+            outer, inner = kernel.outer_inner(shape)
+            total = outer * inner
         outs = [np.full(total, 0x7B, dtype=NUMPY[c]) for c in kernel.outputs]
-        return arrays, outs, total
+        return [a.reshape(-1) for a in arrays], outs, outer, inner, shape
 
     def run(self, name: str, inputs, core_num: int, tile_override: int = 0):
         """(outputs, tiling) of one run of kernel `name`; TwinError on a broken rule."""
         kernel = self.kernels[name]
-        arrays, outs, total = self._buffers(kernel, inputs)
+        arrays, outs, outer, inner, shape = self._buffers(kernel, inputs)
         ins_p = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
         outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        t = _Tiling()
+        t = _Tiling() if kernel.split is None else _BcastTiling()
         err = ctypes.create_string_buffer(4096)
         fn = getattr(self.lib, f"{name}_twin_run")
         fn.restype = ctypes.c_int
-        rc = fn(ins_p, outs_p, ctypes.c_uint64(total), ctypes.c_uint32(core_num),
+        rc = fn(ins_p, outs_p, ctypes.c_uint64(outer), ctypes.c_uint64(inner), ctypes.c_uint32(core_num),
                 ctypes.c_uint32(tile_override), ctypes.byref(t), err, ctypes.c_uint32(len(err)))
         if rc != 0:
             raise TwinError(err.value.decode(errors="replace"))
+        if kernel.split is not None:
+            outs = [o.reshape(shape) for o in outs]
         return outs, t.as_tiling()
 
     def launch(self, name: str, inputs, core_num: int = 0, symbol: str = None):
         """Run through the ACL launcher and the stand-in runtime: (outputs, tiling)."""
         kernel = self.kernels[name]
-        arrays, outs, total = self._buffers(kernel, inputs)
+        arrays, outs, outer, inner, shape = self._buffers(kernel, inputs)
         ins_p = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
         outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        t = _Tiling()
+        t = _Tiling() if kernel.split is None else _BcastTiling()
         err = ctypes.create_string_buffer(4096)
-        args = _LaunchArgs(1, 0, None, core_num, total, len(arrays),
+        dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        args = _LaunchArgs(1, 0, None, core_num, outer * inner, len(arrays),
                            ctypes.cast(ins_p, ctypes.POINTER(ctypes.c_void_p)), len(outs),
                            ctypes.cast(outs_p, ctypes.POINTER(ctypes.c_void_p)),
                            ctypes.cast(ctypes.byref(t), ctypes.c_void_p), ctypes.cast(err, ctypes.c_char_p),
-                           len(err))
+                           len(err), kernel.rank if kernel.split is not None else 0,
+                           ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64)))
         fn = getattr(self.lib, symbol or f"{name}_launch")
         fn.restype = ctypes.c_int
         rc = fn(ctypes.byref(args))
@@ -217,6 +245,8 @@ class TwinLibrary:
             stub.aclGetRecentErrMsg.restype = ctypes.c_char_p
             raise TwinError(f"{err.value.decode(errors='replace')}: "
                             f"{(stub.aclGetRecentErrMsg() or b'').decode(errors='replace')}")
+        if kernel.split is not None:
+            outs = [o.reshape(shape) for o in outs]
         return outs, t.as_tiling()
 
 

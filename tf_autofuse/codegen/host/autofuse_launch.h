@@ -22,6 +22,8 @@ struct AutofuseLaunchArgs {
   void* tiling_out;          // optional: receives the tiling data used
   char* error;               // optional: receives a message on failure
   uint32_t error_len;
+  uint32_t rank;             // broadcast kernels: the iteration shape (flat kernels ignore it)
+  const int64_t* shape;
 };
 
 static inline int autofuse_launch_fail(const AutofuseLaunchArgs* a, int code, const char* what) {

@@ -52,8 +52,10 @@ class Launcher {
 
   // Runs the kernel on host buffers of `total` elements each. false with *error on failure:
   // the caller runs the CPU path. Launches are serialised (one stream per library).
+  // Broadcast kernels also need the iteration shape (`shape`); flat kernels ignore it.
   bool Run(const std::vector<const void*>& inputs, const std::vector<void*>& outputs, uint64_t total,
-           std::string* error, uint32_t core_num = 0, int32_t device = 0, void* stream = nullptr) {
+           std::string* error, uint32_t core_num = 0, int32_t device = 0, void* stream = nullptr,
+           const std::vector<int64_t>& shape = {}) {
     char message[512] = {0};
     AutofuseLaunchArgs args{};
     args.abi_version = AUTOFUSE_LAUNCH_ABI;
@@ -67,6 +69,8 @@ class Launcher {
     args.outputs = outputs.data();
     args.error = message;
     args.error_len = sizeof(message);
+    args.rank = static_cast<uint32_t>(shape.size());
+    args.shape = shape.data();
     std::lock_guard<std::mutex> lock(mu_);
     int rc = launch_(&args);
     if (rc != 0 && error) *error = name_ + ": " + message;

@@ -16,6 +16,7 @@ namespace {
 struct Pending {
   const char* (*fn)(void*);
   void* ctx;
+  std::vector<const void*> args;  // device buffers the launch may write
 };
 struct Stream {
   std::vector<Pending> pending;
@@ -41,9 +42,15 @@ bool InDevice(const void* p, size_t bytes) {
   return a >= it->first && a + bytes <= it->first + it->second;
 }
 std::vector<Stream*> streams;
-bool Busy() {  // any stream with unsynchronised work
+// Does a launch not yet synchronised use the device allocation holding p?
+bool WrittenByPendingLaunch(const void* p) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
   for (Stream* s : streams)
-    if (!s->pending.empty()) return true;
+    for (const auto& work : s->pending)
+      for (const void* arg : work.args) {
+        auto it = allocations.find(reinterpret_cast<uintptr_t>(arg));
+        if (it != allocations.end() && a >= it->first && a < it->first + it->second) return true;
+      }
   return false;
 }
 }  // namespace
@@ -126,7 +133,7 @@ aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count, 
   if (kind == ACL_MEMCPY_DEVICE_TO_HOST) {
     if (!src_dev || dst_dev)
       return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy DEVICE_TO_HOST: source is not inside a device allocation or destination is device memory");
-    if (Busy()) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy DEVICE_TO_HOST while a launch is not synchronised");
+    if (WrittenByPendingLaunch(src)) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy DEVICE_TO_HOST of a buffer that a launch not yet synchronised writes");
   }
   if (kind != ACL_MEMCPY_HOST_TO_DEVICE && kind != ACL_MEMCPY_DEVICE_TO_HOST)
     return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy kind not modelled");
@@ -158,14 +165,15 @@ size_t twinAclDeviceSize(const void* p) {
   auto it = allocations.find(reinterpret_cast<uintptr_t>(p));
   return it == allocations.end() ? 0 : it->second;
 }
-aclError twinAclEnqueue(aclrtStream stream, const char* (*fn)(void*), void* ctx, uint32_t block_dim) {
+aclError twinAclEnqueue(aclrtStream stream, const char* (*fn)(void*), void* ctx, uint32_t block_dim,
+                        const void* const* args, uint32_t num_args) {
   std::lock_guard<std::mutex> l(mu);
   Stream* s = static_cast<Stream*>(stream);
   bool known = false;
   for (Stream* t : streams) known |= t == s;
   if (!known) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch on an unknown stream");
   if (block_dim == 0 || block_dim > 65535) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch: bad blockDim");
-  s->pending.push_back({fn, ctx});
+  s->pending.push_back({fn, ctx, std::vector<const void*>(args, args + num_args)});
   ++stats.launches;
   stats.last_block_dim = block_dim;
   return ACL_SUCCESS;

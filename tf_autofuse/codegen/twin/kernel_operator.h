@@ -230,6 +230,12 @@ class GlobalTensor {
     return base_;
   }
   uint64_t GetSize() const { return count_; }
+  // Scalar read of one GM element (the scalar unit's path).
+  T GetValue(uint64_t i) const {
+    if (i >= count_) twin::Fail("GlobalTensor::GetValue(" + std::to_string(i) + ") past the end (" +
+                                std::to_string(count_) + ")");
+    return Data(i + 1, "GlobalTensor::GetValue")[i];
+  }
 
  private:
   T* base_ = nullptr;

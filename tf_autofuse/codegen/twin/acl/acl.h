@@ -35,6 +35,7 @@ const char* aclGetRecentErrMsg();
 // Size of the device allocation starting at p, 0 when p is not the start of one.
 size_t twinAclDeviceSize(const void* p);
 // Queue fn(ctx) on the stream; it runs at aclrtSynchronizeStream. fn returns "" or an error.
-aclError twinAclEnqueue(aclrtStream stream, const char* (*fn)(void* ctx), void* ctx, uint32_t block_dim);
+aclError twinAclEnqueue(aclrtStream stream, const char* (*fn)(void* ctx), void* ctx, uint32_t block_dim,
+                        const void* const* args, uint32_t num_args);
 }
 #endif  // TF_AUTOFUSE_TWIN_ACL_H_
