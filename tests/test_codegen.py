@@ -231,8 +231,10 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "advanced math"),
     ("in0: f32[?]\n%0 = Floor in0\nout0 = %0\n", "Select"),
     ("in0: f32[8,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, inner]"),
-    ("in0: f32[?]\n%0 = Abs in0\nout0 = %0 -> [?,2]\n", "reshaped"),
-    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "reduc"),
+    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "multi-pass"),
+    ("in0: f32[4,10]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", "trailing axes"),
+    ("in0: i32[4,10]\n%0 = Sum in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
+    ("in0: f32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod"),
     ("in0: f32[?]\nin1: f32[?]\n%0 = Greater in0, in1\nout0 = %0\n", "bool"),
 ])
 def test_refusals_keep_the_group_on_the_cpu_path(text, why):
@@ -599,3 +601,52 @@ def test_broadcast_kernel_through_the_launcher():
     np.testing.assert_array_equal(
         y, np.maximum(np.abs(x.astype(np.float32)) + b.astype(np.float32), 0).astype(np.float16))
     assert t.blockDim == 8 and t.outer == 50 and t.inner == 300
+
+
+# ---- reductions over the inner axes ----------------------------------------------------------
+
+REDUCE = ("in0: f32[?,?]\nin1: f32[?]\n%0 = Mul in0, in1\n%1 = Sum %0 axes=[1]\n%2 = Max in0 axes=[1]\n"
+          "%3 = Min %0 axes=[1]\n%4 = Mean in0 axes=[1]\nout0 = %1 -> [?]\nout1 = %2\nout2 = %3\n"
+          "out3 = %4\nout4 = %0\n")
+REDUCE_F16_3D = "in0: f16[?,?,?]\n%0 = Square in0\n%1 = Sum %0 axes=[1,2]\nout0 = %1\n"
+
+
+@pytest.fixture(scope="module")
+def reduce_kernels():
+    kernels = [generate(REDUCE, "reduce_rows"), generate(REDUCE_F16_3D, "reduce_f16_3d")]
+    for k in kernels:
+        assert k.ok, k.reason
+    return twin.build(kernels)
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (5, 30_001), (64, 256)])
+def test_reductions_match_numpy(reduce_kernels, cores, rows, cols):
+    lib = reduce_kernels
+    rng = np.random.default_rng(rows + cols + cores)
+    x = rng.uniform(-2, 2, (rows, cols)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    (s, mx, mn, mean, prod), t = lib.run("reduce_rows", [x, w], cores)
+    xw = x.astype(np.float64) * w
+    assert s.shape == (rows, 1) and prod.shape == (rows, cols)
+    np.testing.assert_allclose(s[:, 0], xw.sum(1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(mx[:, 0], x.max(1))
+    np.testing.assert_array_equal(mn[:, 0], (x * w).min(1))
+    np.testing.assert_allclose(mean[:, 0], x.astype(np.float64).mean(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(prod, x * w)
+    per_block = -(-rows // min(cores, rows))  # whole rows, equal runs
+    assert t.blockDim == -(-rows // per_block) <= cores and t.tilesPerBlock == per_block * t.tilesPerRow
+    x3 = rng.uniform(-1, 1, (rows, 3, cols)).astype(np.float16)  # sums stay below f16 max
+    (sq,), _ = lib.run("reduce_f16_3d", [x3], cores)
+    want = (x3.astype(np.float32) ** 2).astype(np.float64).sum(axis=(1, 2))
+    np.testing.assert_allclose(sq.reshape(-1).astype(np.float64), want, rtol=2e-3)
+
+
+def test_reduction_through_the_launcher():
+    kernel = generate(REDUCE_F16_3D, "reduce_launch")
+    lib = twin.build([kernel], acl=True)
+    x = np.random.default_rng(8).uniform(-1, 1, (20, 4, 333)).astype(np.float16)
+    (sq,), t = lib.launch(kernel.name, [x], core_num=8)
+    want = (x.astype(np.float32) ** 2).astype(np.float64).sum(axis=(1, 2))
+    np.testing.assert_allclose(sq.reshape(-1).astype(np.float64), want, rtol=2e-3)
+    assert t.blockDim == 7 and t.outer == 20 and t.inner == 4 * 333  # 3 rows a block

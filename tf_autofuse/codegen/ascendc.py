@@ -44,6 +44,7 @@ class Kernel:
     split: Optional[int] = None  # broadcast schedule: iteration axes [0, split) are outer; None: flat
     patterns: tuple = ()  # broadcast schedule: per input "full", "row", "col" or "scalar"
     rank: int = 0  # broadcast schedule: rank of the iteration shape
+    out_reduced: tuple = ()  # reduce schedule: per output, True when it is a reduced value
 
     @property
     def digest(self) -> str:
@@ -102,6 +103,8 @@ def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> K
     split = patterns = None
     if reason == _BROADCAST:
         split, patterns, reason = _split(program)
+    elif reason == _REDUCE:
+        split, patterns, reason = _reduce_split(program)
     if reason:
         return Kernel(name, text, False, reason)
     try:
@@ -119,15 +122,71 @@ def _schedule(program: ir.Program) -> str:
         if inst.dtype not in CTYPE or inst.operand_dtype not in CTYPE:
             return f"%{k} = {inst.op}: dtype {inst.dtype} is not generated"
     if program.has_reduction:
-        return "reductions: the reduce schedule (ReduceSum/ReduceMax over the inner axes) is not generated yet"
-    if any(o.shape is not None for o in program.outputs):
-        return "outputs reshaped with '->' are not generated yet"
+        return _REDUCE
     if program.has_broadcast:
         return _BROADCAST
     return ""
 
 
 _BROADCAST = "broadcast"
+_REDUCE = "reduce"
+REDUCE_API = {"Sum": "ReduceSum", "Mean": "ReduceSum", "Max": "ReduceMax", "Min": "ReduceMin"}
+ACCUMULATE = {"Sum": "Add", "Mean": "Add", "Max": "Max", "Min": "Min"}
+
+
+def _reduce_split(program: ir.Program):
+    """The reduce schedule: one pass over each row of [outer, inner], the reduced axes being
+    exactly the inner ones. (split, patterns, "") or (None, None, reason)."""
+    axes_lists = {inst.attrs.get("axes") for inst in program.insts if inst.op in ir.REDUCTIONS}
+    if len(axes_lists) != 1:
+        return None, None, "reductions over different axes in one program"
+    views = [inp.view for inp in program.inputs]
+    if any(v is None for v in views):
+        return None, None, "reductions need inputs of known rank"
+    rank = max(len(v) for v in views)
+    try:
+        axes = [int(a) for a in axes_lists.pop().strip("[]").split(",")]
+    except ValueError:
+        return None, None, "reductions need axes=[...]"
+    if axes != list(range(axes[0], rank)):
+        return None, None, (f"reduction axes {axes} are not the trailing axes of rank {rank}: "
+                            "only [outer, reduced inner] reductions are generated")
+    for k, inst in enumerate(program.insts):
+        if inst.op in ir.REDUCTIONS and inst.op not in REDUCE_API:
+            return None, None, f"%{k} = {inst.op}: no vector reduction for it (ReduceSum/Max/Min only)"
+        if inst.op in ir.REDUCTIONS and inst.operand_dtype == "i32":
+            return None, None, f"%{k} = {inst.op}: i32 reductions are not generated (ReduceSum takes half/float)"
+        if inst.op not in ir.REDUCTIONS and inst.reduced:
+            return None, None, f"%{k} = {inst.op}: arithmetic on reduced values is not generated yet"
+        if inst.op not in ir.REDUCTIONS and any(
+                isinstance(o, ir.Ref) and o.kind == "%" and program.insts[o.index].reduced
+                for o in inst.operands):
+            return None, None, (f"%{k} = {inst.op} reads a reduced value over the full shape: "
+                                "multi-pass reductions (softmax, variance) are not generated yet")
+    split = axes[0]
+    patterns = _patterns_at(program, split, rank)
+    if patterns is None:
+        return None, None, f"the inputs' views do not split at the reduced axes {axes}"
+    return split, patterns, ""
+
+
+def _patterns_at(program: ir.Program, split: int, rank: int):
+    padded = [(1,) * (rank - len(i.view)) + tuple(i.view) for i in program.inputs]
+    patterns = []
+    for v in padded:
+        sides = []
+        for axes in (range(split), range(split, rank)):
+            ones = [v[a] == 1 for a in axes]
+            needed = [any(w[a] != 1 for w in padded) for a in axes]
+            if any(o and n for o, n in zip(ones, needed)):
+                if not all(o or not n for o, n in zip(ones, needed)):
+                    return None
+                sides.append(False)
+            else:
+                sides.append(True)
+        patterns.append({(True, True): "full", (False, True): "row", (True, False): "col",
+                         (False, False): "scalar"}[tuple(sides)])
+    return tuple(patterns)
 
 
 def _split(program: ir.Program):
@@ -180,6 +239,9 @@ class _Flat:
         self.split = split
         self.patterns = patterns or ("full",) * len(program.inputs)
         self.queued = [pat in ("full", "row") for pat in self.patterns]
+        self.reduce = program.has_reduction
+        self.reductions: list = []  # (accumulator index, op)
+        self.acc_of: dict = {}  # instruction index -> accumulator index
         self.free: list = []
         self.slots = 0
         self.views: dict = {}  # (slot, ctype) -> C++ name of the view
@@ -229,12 +291,32 @@ class _Flat:
         # values written straight into their output tensor
         direct = {}
         for j, ref in enumerate(output_refs):
-            if (ref.kind == "%" and output_refs.count(ref) == 1
+            if (ref.kind == "%" and output_refs.count(ref) == 1 and not p.insts[ref.index].reduced
                     and STORAGE[p.insts[ref.index].dtype] == out_types[j]):
                 direct[ref] = j
 
+        out_reduced = [r.kind == "%" and p.insts[r.index].reduced for r in output_refs]
+        self.out_reduced = out_reduced
         for k, inst in enumerate(p.insts):
             ctype = STORAGE[inst.operand_dtype]
+            if inst.op in REDUCE_API:  # this tile's part of the row, folded into the accumulator
+                acc = len(self.reductions)
+                self.reductions.append((acc, inst.op))
+                self.acc_of[k] = acc
+                src, _ = self._operand(inst.operands[0], loc)
+                part, tmp = self._alloc(), self._alloc()
+                pv, tv = self._view(part, "float"), self._view(tmp, "float")
+                self._vec(f"{REDUCE_API[inst.op]}({pv}, {src}, {tv}, static_cast<int32_t>(n));")
+                self._vec(f"if (j == 0) {{ Muls(acc{acc}, {pv}, 1.0f, 1); }} "
+                          f"else {{ {ACCUMULATE[inst.op]}(acc{acc}, acc{acc}, {pv}, 1); }}")
+                self._release(part)
+                self._release(tmp)
+                ref = ir.Ref("%", k)
+                loc[ref] = (f"acc{acc}", "float", None)
+                o = inst.operands[0]
+                if last_use.get(o) == k and o not in output_refs:
+                    self._drop(o, loc)
+                continue
             mapping = opmap.lookup(inst.op)
             why = opmap.refusal(inst.op, ctype)
             if why:
@@ -293,6 +375,8 @@ class _Flat:
 
         # outputs not written in place
         for j, ref in enumerate(output_refs):
+            if out_reduced[j]:
+                continue  # written once a row, in RowEnd
             if ref in direct and loc[ref][0] == f"y{j}":
                 continue
             if (ref.kind == "in" and self.queued[ref.index]
@@ -307,9 +391,12 @@ class _Flat:
 
         buffers = [(f"in{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(in_types)
                    if self.queued[k]]
-        buffers += [(f"out{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(out_types)]
+        buffers += [(f"out{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(out_types)
+                    if not out_reduced[k]]
         buffers += [(f"scratch{s}", 4, 1) for s in range(self.slots)]
-        ub = tiling.plan_ub(buffers)
+        fixed = 32 * len(self.reductions) + 32 * tiling.BUFFER_NUM * sum(out_reduced)
+        fixed += 32 if any(op == "Mean" for _, op in self.reductions) else 0
+        ub = tiling.plan_ub(buffers, fixed)
         if ub.max_tile < tiling.ALIGN_ELEMS:
             raise _Refused(f"does not fit in UB: {ub.bytes_per_element} bytes per element, "
                            f"{tiling.ALIGN_ELEMS} elements need more than the "
@@ -322,7 +409,7 @@ class _Flat:
         rank = 0 if self.split is None else max(len(i.view) for i in p.inputs)
         return Kernel(self.name, p.text, True, "", sources, ub, tuple(in_types), tuple(out_types),
                       tuple(self.half_ops), self.split, tuple(self.patterns) if self.split is not None else (),
-                      rank)
+                      rank, tuple(out_reduced))
 
     def _operand(self, ref, loc):
         """The tensor holding `ref` in its compute type; 16-bit inputs are Cast up on first use."""
@@ -371,6 +458,12 @@ class _Flat:
             members.append(f"  TQue<TPosition::VECOUT, BUFFER_NUM> outQue{k};")
             members.append(f"  GlobalTensor<{t}> out{k}Gm;")
         members += [f"  TBuf<TPosition::VECCALC> calc{s};" for s in range(self.slots)]
+        members += [f"  TBuf<TPosition::VECCALC> accBuf{a};  // row accumulator of %{op}"
+                    for a, op in self.reductions]
+        has_mean = any(op == "Mean" for _, op in self.reductions)
+        if has_mean:
+            members.append("  TBuf<TPosition::VECCALC> rowTmp;")
+        out_red = getattr(self, "out_reduced", [False] * nout)
         bcast = self.split is not None
         extent = {"full": "t.outer * t.inner", "row": "t.inner", "col": "t.outer", "scalar": "1"}
         init = []
@@ -382,11 +475,18 @@ class _Flat:
             if self.queued[k]:
                 init.append(f"    pipe.InitBuffer(inQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
         for k, t in enumerate(out_types):
+            if out_red[k]:
+                init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer);")
+                init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, 32);")
+                continue
             if bcast:
                 init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer * t.inner);")
             else:
                 init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k} + start, len);")
             init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+        init += [f"    pipe.InitBuffer(accBuf{a}, 32);" for a, _ in self.reductions]
+        if has_mean:
+            init.append("    pipe.InitBuffer(rowTmp, 32);")
         init += [f"    pipe.InitBuffer(calc{s}, t.tileLength * 4);" for s in range(self.slots)]
 
         def copy_in(k, t):
@@ -406,6 +506,8 @@ class _Flat:
 """
 
         def copy_out(k, t):
+            if out_red[k]:
+                return ""
             return f"""\
     LocalTensor<{t}> y{k} = outQue{k}.DeQue<{t}>();
     if ((n * sizeof({t})) % 32 == 0) {{
@@ -419,12 +521,42 @@ class _Flat:
 
         compute = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)
                    if self.queued[k]]
-        compute += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();" for k, t in enumerate(out_types)]
+        compute += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();" for k, t in enumerate(out_types)
+                    if not out_red[k]]
+        compute += [f"    LocalTensor<float> acc{a} = accBuf{a}.Get<float>();" for a, _ in self.reductions]
+        if self.reduce:
+            compute.insert(0, "    PipeBarrier<PIPE_V>();  // the accumulators were written by the last tile")
         for (slot, ctype), view in sorted(self.views.items()):
             compute.append(f"    LocalTensor<{ctype}> {view} = calc{slot}.Get<{ctype}>();")
         compute += [f"    {s}" for s in self.body]
-        compute += [f"    outQue{k}.EnQue(y{k});" for k in range(nout)]
+        compute += [f"    outQue{k}.EnQue(y{k});" for k in range(nout) if not out_red[k]]
         compute += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin) if self.queued[k]]
+        row_end = ""
+        if self.reduce:
+            lines = ["    PipeBarrier<PIPE_V>();"]
+            lines += [f"    LocalTensor<float> acc{a} = accBuf{a}.Get<float>();" for a, _ in self.reductions]
+            if has_mean:
+                lines += ["    LocalTensor<float> tmp = rowTmp.Get<float>();",
+                          "    Duplicate(tmp, static_cast<float>(inner), 8);", "    PipeBarrier<PIPE_V>();"]
+                lines += [f"    Div(acc{a}, acc{a}, tmp, 1);\n    PipeBarrier<PIPE_V>();"
+                          for a, op in self.reductions if op == "Mean"]
+            for k, t in enumerate(out_types):
+                if not out_red[k]:
+                    continue
+                acc = self.p.outputs[k].ref
+                a = self.acc_of[acc.index]
+                convert = (f"Muls(r{k}, acc{a}, 1.0f, 8);" if t == "float"
+                           else f"Cast(r{k}, acc{a}, RoundMode::CAST_RINT, 8);")
+                lines.append(f"""\
+    LocalTensor<{t}> r{k} = outQue{k}.AllocTensor<{t}>();
+    {convert}
+    outQue{k}.EnQue(r{k});
+    r{k} = outQue{k}.DeQue<{t}>();
+    DataCopyExtParams copy{k}{{1, static_cast<uint32_t>(sizeof({t})), 0, 0, 0}};
+    DataCopyPad(out{k}Gm[o], r{k}, copy{k});
+    outQue{k}.FreeTensor(r{k});""")
+            row_end = ("  // The row is done: finish Mean, write each reduced output's element.\n"
+                       "  __aicore__ inline void RowEnd(uint64_t o) {\n" + "\n".join(lines) + "\n  }\n")
         if bcast:
             prelude = """\
     const uint64_t first = GetBlockIdx() * t.tilesPerBlock;
@@ -443,8 +575,12 @@ class _Flat:
       Compute(o, n);
       CopyOut(off, n);
     }"""
+            if self.reduce:
+                process = process.replace("      Compute(o, n);", "      const uint64_t j = g % tilesPerRow;\n      Compute(o, j, n);")
+                process = process.replace("      CopyOut(off, n);\n",
+                                          "      CopyOut(off, n);\n      if (j + 1 == tilesPerRow) RowEnd(o);\n")
             copy_in_params = "uint64_t off, uint64_t col, uint32_t n"
-            compute_params = "uint64_t o, uint32_t n"
+            compute_params = "uint64_t o, uint64_t j, uint32_t n" if self.reduce else "uint64_t o, uint32_t n"
             state = "  uint64_t firstTile = 0, lastTile = 0, inner = 0, tilesPerRow = 0;\n  uint32_t tileLength = 0;"
         else:
             prelude = """\
@@ -467,7 +603,7 @@ class _Flat:
             compute_params = "uint32_t n"
             state = "  uint32_t tileLength = 0, tileNum = 0, tailLength = 0;"
         schedule = ("flat" if not bcast else
-                    f"broadcast, outer axes [0, {self.split}), inputs "
+                    f"{'reduce (inner axes reduced)' if self.reduce else 'broadcast'}, outer axes [0, {self.split}), inputs "
                     + ", ".join(f"in{k} {pat}" for k, pat in enumerate(self.patterns)))
         half_note = ("// Computed in half (--autofuse_enhance_precision_blacklist): "
                      + ", ".join(self.half_ops) + "\n") if self.half_ops else ""
@@ -503,7 +639,7 @@ class Kernel {{
   }}
   __aicore__ inline void CopyOut(uint64_t off, uint32_t n) {{
 {"".join(copy_out(k, t) for k, t in enumerate(out_types))}  }}
-
+{row_end}
   TPipe pipe;
 {chr(10).join(members)}
 {state}
@@ -541,7 +677,7 @@ extern "C" __global__ __aicore__ void {n}({gm_args}, GM_ADDR workspace, GM_ADDR 
             in_bytes = f"  for (int k = 0; k < {nin}; ++k) bytes[k] = a->total * {n}_IN_SIZES[k];"
         else:
             rank = max(len(i.view) for i in self.p.inputs)
-            tiling_fn = tiling.cpp_bcast_function(n, n + "_TilingData", ub.max_tile)
+            tiling_fn = tiling.cpp_bcast_function(n, n + "_TilingData", ub.max_tile, self.reduce)
             tiling_call = f"""\
   if (a->rank != {rank} || (a->rank && !a->shape))
     return autofuse_launch_fail(a, -1, "{n}: the iteration shape must have rank {rank}");
@@ -552,6 +688,9 @@ extern "C" __global__ __aicore__ void {n}({gm_args}, GM_ADDR workspace, GM_ADDR 
             extent = {"full": "outer * inner", "row": "inner", "col": "outer", "scalar": "1"}
             in_bytes = "\n".join(f"  bytes[{k}] = ({extent[pat]}) * {n}_IN_SIZES[{k}];"
                                  for k, pat in enumerate(self.patterns))
+        out_red = getattr(self, "out_reduced", [False] * nout)
+        out_bytes = "\n".join(f"  bytes[{nin + k}] = {'outer' if out_red[k] else 'a->total'} * {n}_OUT_SIZES[{k}];"
+                              for k in range(nout))
         return f"""\
 // Host side of {n}: the tiling function and the ACL launch glue.
 // Build with AUTOFUSE_WITH_ACL for the launcher (needs acl/acl.h and libascendcl.so).
@@ -583,7 +722,7 @@ extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
   void* dev[{nin + nout + 1}] = {{}};
   uint64_t bytes[{nin + nout + 1}];
 {in_bytes}
-  for (int k = 0; k < {nout}; ++k) bytes[{nin} + k] = a->total * {n}_OUT_SIZES[k];
+{out_bytes}
   bytes[{nin + nout}] = sizeof(t);
   const char* what = "aclrtMalloc";
   for (int k = 0; k < {nin + nout + 1} && rc == ACL_SUCCESS; ++k)

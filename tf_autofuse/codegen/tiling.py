@@ -37,22 +37,27 @@ class UbPlan:
     buffers: tuple  # (name, bytes per element, buffer count)
     bytes_per_element: int
     max_tile: int  # elements; 0 when not even ALIGN_ELEMS fit
+    fixed: int = 0  # bytes that do not scale with the tile
 
     def ub_bytes(self, tile: int) -> int:
-        return tile * self.bytes_per_element
+        return tile * self.bytes_per_element + self.fixed
 
     def describe(self) -> str:
-        parts = [f"{name}: {size} B x {count}" for name, size, count in self.buffers]
+        parts = [f"{name}: {size} B x {count}" if count else f"{name}: {size} B"
+                 for name, size, count in self.buffers]
         return (f"{self.bytes_per_element} B of UB per tile element ({'; '.join(parts)}); "
                 f"max tile {self.max_tile} elements = {self.ub_bytes(self.max_tile)} of "
                 f"{UB_BUDGET} budget bytes")
 
 
-def plan_ub(buffers) -> UbPlan:
+def plan_ub(buffers, fixed: int = 0) -> UbPlan:
+    """`fixed`: bytes that do not scale with the tile (row accumulators), 32-byte granular."""
     buffers = tuple(buffers)
+    if fixed:
+        buffers += (("fixed (accumulators)", fixed, 0),)
     per_elem = sum(size * count for _, size, count in buffers)
-    tile = (UB_BUDGET // per_elem) // ALIGN_ELEMS * ALIGN_ELEMS if per_elem else 0
-    return UbPlan(buffers, per_elem, tile)
+    tile = ((UB_BUDGET - fixed) // per_elem) // ALIGN_ELEMS * ALIGN_ELEMS if per_elem else 0
+    return UbPlan(buffers, per_elem, tile, fixed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,20 +125,29 @@ class BcastTiling:
         return dataclasses.asdict(self)
 
 
-def compute_bcast(outer: int, inner: int, core_num: int, max_tile: int) -> BcastTiling:
+def compute_bcast(outer: int, inner: int, core_num: int, max_tile: int, rows: bool = False) -> BcastTiling:
+    """rows: blocks take whole rows (the reduce schedule)."""
     if outer <= 0 or inner <= 0 or core_num <= 0:
         return BcastTiling(max(outer, 0), max(inner, 0), 0, 0, 0, 0, max_tile)
     tile = min(max_tile, _ceil(inner, ALIGN_ELEMS) * ALIGN_ELEMS)
     per_row = _ceil(inner, tile)
     total = outer * per_row
-    block_dim = min(core_num, total)
-    per_block = _ceil(total, block_dim)
+    if rows:
+        per_block = _ceil(outer, min(core_num, outer)) * per_row
+    else:
+        per_block = _ceil(total, min(core_num, total))
     block_dim = _ceil(total, per_block)
     return BcastTiling(outer, inner, per_row, total, per_block, block_dim, tile)
 
 
-def cpp_bcast_function(kernel: str, struct: str, max_tile: int) -> str:
+def cpp_bcast_function(kernel: str, struct: str, max_tile: int, rows: bool = False) -> str:
     """`int KERNEL_tiling(outer, inner, core_num, tile_override, out)`."""
+    if rows:
+        split = ("  uint64_t block_dim = outer < core_num ? outer : core_num;  // whole rows a block\n"
+                 "  uint64_t per_block = (outer + block_dim - 1) / block_dim * per_row;")
+    else:
+        split = ("  uint64_t block_dim = total < core_num ? total : core_num;\n"
+                 "  uint64_t per_block = (total + block_dim - 1) / block_dim;")
     return f"""\
 static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
 static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
@@ -151,13 +165,13 @@ extern "C" int {kernel}_tiling(uint64_t outer, uint64_t inner, uint32_t core_num
   t->blockDim = 0;
   t->tileLength = static_cast<uint32_t>(max_tile);
   if (core_num == 0) return 1;
-  if (outer == 0 || inner == 0) return 0;
+  if (outer == 0) return 0;
+  if (inner == 0) return {2 if rows else 0};  // an empty reduction gives identities: the CPU path
   uint64_t row = (inner + align - 1) / align * align;
   uint64_t tile = max_tile < row ? max_tile : row;
   uint64_t per_row = (inner + tile - 1) / tile;
   uint64_t total = outer * per_row;
-  uint64_t block_dim = total < core_num ? total : core_num;
-  uint64_t per_block = (total + block_dim - 1) / block_dim;
+{split}
   t->tileLength = static_cast<uint32_t>(tile);
   t->tilesPerRow = per_row;
   t->totalTiles = total;

@@ -62,7 +62,9 @@ def _harness(k: Kernel, acl: bool) -> str:
     patterns = k.patterns or ("full",) * nin
     reg = "".join(f"  twin::Gm().Add(ins[{i}], ({extent[patterns[i]]}) * sizeof({t}));\n"
                   for i, t in enumerate(k.inputs))
-    reg += "".join(f"  twin::Gm().Add(outs[{i}], total * sizeof({t}));\n" for i, t in enumerate(k.outputs))
+    out_red = k.out_reduced or (False,) * nout
+    reg += "".join(f"  twin::Gm().Add(outs[{i}], ({'outer' if out_red[i] else 'total'}) * sizeof({t}));\n"
+                   for i, t in enumerate(k.outputs))
     unreg = "".join(f"  twin::Gm().Remove(ins[{i}]);\n" for i in range(nin))
     unreg += "".join(f"  twin::Gm().Remove(outs[{i}]);\n" for i in range(nout))
     tiling_call = (f"{n}_tiling(total, core_num, tile_override, &t)" if k.split is None
@@ -201,8 +203,17 @@ class TwinLibrary:
             shape = (1,) * (kernel.rank - len(shape)) + tuple(shape)
             outer, inner = kernel.outer_inner(shape)
             total = outer * inner
-        outs = [np.full(total, 0x7B, dtype=NUMPY[c]) for c in kernel.outputs]
+        red = kernel.out_reduced or (False,) * len(kernel.outputs)
+        outs = [np.full(outer if r else total, 0x7B, dtype=NUMPY[c]) for c, r in zip(kernel.outputs, red)]
         return [a.reshape(-1) for a in arrays], outs, outer, inner, shape
+
+    @staticmethod
+    def _shaped(kernel: Kernel, outs, shape):
+        if kernel.split is None:
+            return outs
+        red = kernel.out_reduced or (False,) * len(outs)
+        kept = tuple(shape[:kernel.split]) + (1,) * (len(shape) - kernel.split)
+        return [o.reshape(kept if r else shape) for o, r in zip(outs, red)]
 
     def run(self, name: str, inputs, core_num: int, tile_override: int = 0):
         """(outputs, tiling) of one run of kernel `name`; TwinError on a broken rule."""
@@ -218,9 +229,7 @@ class TwinLibrary:
                 ctypes.c_uint32(tile_override), ctypes.byref(t), err, ctypes.c_uint32(len(err)))
         if rc != 0:
             raise TwinError(err.value.decode(errors="replace"))
-        if kernel.split is not None:
-            outs = [o.reshape(shape) for o in outs]
-        return outs, t.as_tiling()
+        return self._shaped(kernel, outs, shape), t.as_tiling()
 
     def launch(self, name: str, inputs, core_num: int = 0, symbol: str = None):
         """Run through the ACL launcher and the stand-in runtime: (outputs, tiling)."""
@@ -245,9 +254,7 @@ class TwinLibrary:
             stub.aclGetRecentErrMsg.restype = ctypes.c_char_p
             raise TwinError(f"{err.value.decode(errors='replace')}: "
                             f"{(stub.aclGetRecentErrMsg() or b'').decode(errors='replace')}")
-        if kernel.split is not None:
-            outs = [o.reshape(shape) for o in outs]
-        return outs, t.as_tiling()
+        return self._shaped(kernel, outs, shape), t.as_tiling()
 
 
 def stub_stats() -> dict:

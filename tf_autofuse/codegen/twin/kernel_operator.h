@@ -579,6 +579,43 @@ template <typename T> void Duplicate(const LocalTensor<T>& d, const T& c, const 
   detail::Done(d, n);
 }
 
+// dst[0] = the reduction of src[0, count). The shared temp buffer must be a separate tensor; its
+// contents are clobbered. fp32 is summed pairwise over 64-lane repeats, as the vector unit folds.
+namespace detail {
+template <typename T, typename F>
+void Reduce(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& tmp, int32_t n,
+            const char* api, F fold) {
+  if (n <= 0) twin::Fail(std::string(api) + ": count must be positive");
+  Read(src, n, api);
+  if (tmp.UbOffset() == src.UbOffset() || tmp.UbOffset() == dst.UbOffset())
+    twin::Fail(std::string(api) + ": the shared temp buffer must not be src or dst");
+  T* scratch = Write(tmp, n < static_cast<int32_t>(tmp.GetSize()) ? n : tmp.GetSize(), api);
+  std::vector<float> v(src.Data(n, api), src.Data(n, api) + n);
+  while (v.size() > 1) {  // pairwise, like the repeat-wise folds of the hardware
+    std::vector<float> next((v.size() + 1) / 2);
+    for (size_t i = 0; i < next.size(); ++i)
+      next[i] = 2 * i + 1 < v.size() ? static_cast<float>(T(fold(v[2 * i], v[2 * i + 1]))) : v[2 * i];
+    v.swap(next);
+  }
+  std::memset(scratch, 0xEE, sizeof(T));
+  T* d = Write(dst, 1, api);
+  d[0] = T(v[0]);
+  Done(dst, 1);
+  Done(tmp, 1);
+}
+}  // namespace detail
+template <typename T> void ReduceSum(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
+  TWIN_FLOAT_ONLY(T, "ReduceSum"); detail::Reduce(d, s, tmp, n, "ReduceSum", [](float a, float b) { return a + b; });
+}
+template <typename T> void ReduceMax(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
+  TWIN_FLOAT_ONLY(T, "ReduceMax");
+  detail::Reduce(d, s, tmp, n, "ReduceMax", [](float a, float b) { return std::isnan(a) || a > b ? a : b; });
+}
+template <typename T> void ReduceMin(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
+  TWIN_FLOAT_ONLY(T, "ReduceMin");
+  detail::Reduce(d, s, tmp, n, "ReduceMin", [](float a, float b) { return std::isnan(a) || a < b ? a : b; });
+}
+
 template <typename D, typename S>
 void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, const RoundMode& mode, const uint32_t count) {
   constexpr bool up = (std::is_same<S, half>::value || std::is_same<S, bfloat16_t>::value) && std::is_same<D, float>::value;
