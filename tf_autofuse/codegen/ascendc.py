@@ -9,9 +9,11 @@ stays on the CPU path. The generated kernel is the standard vector (AIV) shape:
     CopyOut  UB -> GM   from VECOUT queues
 
 double-buffered TQues (BUFFER_NUM = 2), scratch tensors in TBufs, the work split over
-GetBlockNum() cores by the host tiling function (tiling.py). Schedules: today "flat" (every
-input read as the iteration shape, element by element); broadcast inputs and reductions are
-recognised and refused with a reason until their schedules land (see `_schedule`).
+GetBlockNum() cores by the host tiling function (tiling.py). Schedules (`_schedule`):
+"flat" (every input read as the iteration shape); "broadcast" (the iteration shape cut into
+[outer, inner], inputs full / row / col / scalar, tiles are chunks of a row); "reduce" (the same
+cut at the reduced trailing axes, one pass a row, ReduceSum/Max/Min into row accumulators).
+Anything else is refused with a reason.
 """
 
 from __future__ import annotations

@@ -42,7 +42,28 @@ def _static_total(kernel: Kernel) -> Optional[int]:
     return total
 
 
+def _split_tiling_text(kernel: Kernel) -> str:
+    program = ir.load(kernel.program)
+    views = [(1,) * (kernel.rank - len(i.view)) + tuple(i.view) for i in program.inputs]
+    shape = None
+    if all(d >= 0 for v in views for d in v):
+        import numpy as np
+        shape = tuple(np.broadcast_shapes(*views))
+    fields = tiling.BCAST_FIELDS
+    lines = [f"# tiling data ({', '.join(n for _, n in fields)}); {kernel.patterns} split at axis {kernel.split}"]
+    pairs = [kernel.outer_inner(shape)] if shape else [(1, 1000), (64, 192), (1000, 30001)]
+    if not shape:
+        lines.append("# the shape is known at run time; examples of (outer, inner)")
+    for outer, inner in pairs:
+        for cores in CORE_NUMS:
+            t = tiling.compute_bcast(outer, inner, cores, kernel.ub.max_tile, program.has_reduction)
+            lines.append(f"outer={outer} inner={inner} cores={cores}: {t.as_dict()}")
+    return "\n".join(lines) + "\n"
+
+
 def _tiling_text(kernel: Kernel) -> str:
+    if kernel.split is not None:
+        return _split_tiling_text(kernel)
     total = _static_total(kernel)
     totals = [total] if total is not None else list(EXAMPLE_TOTALS)
     lines = [f"# tiling data ({', '.join(n for _, n in tiling.TILING_FIELDS)})",

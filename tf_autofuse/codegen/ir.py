@@ -83,25 +83,23 @@ class Program:
 
 
 def load(text: str) -> Program:
-    """Read program text; ValueError naming the line when it is not a program."""
+    """Read program text; ValueError naming the line when it is not a program.
+
+    The generator's model always comes from the adapter below, so that views, output shapes and
+    reduced values are never lost whichever parser accepted the text. When the rewriter's parser
+    accepts the program too (today's pointwise programs), it validates it and the two readings
+    must agree on every value's dtype."""
+    program = _parse_extended(text)
     try:
         from ..rewriter import program as rw
         parsed = rw.parse(text)
     except ValueError:
-        return _parse_extended(text)
-    inputs = tuple(Input(d.dtype, d.shape, d.shape) for d in parsed.inputs)
-    dtypes = parsed.value_dtypes()
-    insts = tuple(
-        Inst(i.op, tuple(_convert(o) for o in i.operands), dict(i.attrs), dtypes[k], dtypes[k], False)
-        for k, i in enumerate(parsed.instructions))
-    outputs = tuple(Output(_convert(r), None) for r in parsed.outputs)
-    return Program(text, inputs, insts, outputs)
-
-
-def _convert(operand):
-    if hasattr(operand, "kind") and hasattr(operand, "index"):
-        return Ref(operand.kind, operand.index)
-    return operand
+        return program  # the extended grammar, not (yet) accepted by the rewriter's parser
+    theirs = list(parsed.value_dtypes())
+    ours = [inst.dtype for inst in program.insts]
+    if theirs != ours:
+        raise ValueError(f"value dtypes {ours} differ from the rewriter's reading {theirs}")
+    return program
 
 
 # --- the adapter for the extended grammar ---------------------------------------------------

@@ -6,9 +6,13 @@
 //   std::string lib;
 //   if (ctx->GetAttr("_autofuse_npu_library", &lib).ok() && !lib.empty())
 //     npu_ = tf_autofuse::npu::Launcher::Open(lib, &why);   // null: CPU path (log `why` once)
-// and at the top of Compute, for flat programs (every input has the output's element count):
-//   if (npu_ && npu_->Run(input_ptrs, output_ptrs, num_elements, &error)) return;
+// and at the top of Compute, once the output tensors are allocated:
+//   if (npu_ && npu_->Run(input_ptrs, output_ptrs, iteration_elements, &error, 0, 0, nullptr,
+//                         iteration_shape)) return;
 //   // else: LOG(WARNING) once with `error`, npu_.reset(), and run the CPU interpreter.
+// Buffers are host memory (the launcher copies them to and from the device); flat kernels expect
+// every input to hold iteration_elements values, broadcast/reduce kernels read the inputs in
+// their views and need iteration_shape; reduced outputs hold one value per outer position.
 #ifndef TF_AUTOFUSE_CODEGEN_NPU_DISPATCH_H_
 #define TF_AUTOFUSE_CODEGEN_NPU_DISPATCH_H_
 
