@@ -229,7 +229,7 @@ def test_blacklist_is_read_from_autofuse_flags():
 @pytest.mark.parametrize("text,why", [
     ("in0: f64[?]\n%0 = Abs in0\nout0 = %0\n", "f64"),
     ("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "advanced math"),
-    ("in0: f32[?]\n%0 = Floor in0\nout0 = %0\n", "Select"),
+    ("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "not generated yet"),
     ("in0: f32[8,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, inner]"),
     ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "multi-pass"),
     ("in0: f32[4,10]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", "trailing axes"),
@@ -650,3 +650,14 @@ def test_reduction_through_the_launcher():
     want = (x.astype(np.float32) ** 2).astype(np.float64).sum(axis=(1, 2))
     np.testing.assert_allclose(sq.reshape(-1).astype(np.float64), want, rtol=2e-3)
     assert t.blockDim == 7 and t.outer == 20 and t.inner == 4 * 333  # 3 rows a block
+
+
+def test_rounding_ops_on_edge_values():
+    kernels = [generate(f"in0: f32[?]\n%0 = {op} in0\nout0 = %0\n", f"edge_{op}") for op in ("Floor", "Ceil", "Round")]
+    lib = twin.build(kernels)
+    x = np.array([2.5, -2.5, 0.5, -0.5, 1.5, -0.3, 0.3, -0.0, 3e9, -3e9, 1e30, 8388609.0, -8388609.5,
+                  np.inf, -np.inf, np.nan] * 20, np.float32)
+    for kernel, ref in zip(kernels, (np.floor, np.ceil, np.round)):
+        (y,), _ = lib.run(kernel.name, [x], 8)
+        np.testing.assert_array_equal(y, ref(x))
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(ref(x)))  # -0.0 stays -0.0

@@ -264,7 +264,8 @@ class _Flat:
     def _view(self, slot: int, ctype: str) -> str:
         key = (slot, ctype)
         if key not in self.views:
-            self.views[key] = f"c{slot}{'' if ctype in ('float', 'int32_t') else 'h'}"
+            suffix = {"float": "", "int32_t": "i", "half": "h", "bfloat16_t": "b"}[ctype]
+            self.views[key] = f"c{slot}{suffix}"
         return self.views[key]
 
     def _vec(self, *statements):

@@ -150,12 +150,33 @@ _add("SquaredDifference", ARITH, 1, ["Sub", "Mul"], lambda T, d, s, n, t: [
     f"Sub({t[0]}, {s[0]}, {s[1]}, {n});", f"Mul({d}, {t[0]}, {t[0]}, {n});"])
 
 # ---- not generated (yet) ----------------------------------------------------------------------
-_NEEDS_SELECT = "needs Compare/Select (mask-based), which the generator does not emit yet"
+_NEEDS_SELECT = "produces or reads bool values (Compare masks as bytes), which are not generated yet"
 _NEEDS_ADV = ("needs the advanced math library (%s) with a sized shared temp buffer, which the "
               "generator does not emit yet")
-for _op in ("Floor", "Ceil", "Round", "FloorDiv", "FloorMod"):
-    _refuse(_op, "rounding to an integral float needs Cast(float->int32) plus a Select for "
-                 "|x| >= 2^31 and NaN; " + _NEEDS_SELECT)
+
+def _rounding(mode):
+    # |x| < 2^23 ? float(int32 round(x)) : x  (larger floats, inf and NaN are already "integral")
+    def emit(T, d, s, n, t):
+        return [f"Abs({t[0]}, {s[0]}, {n});", f"Duplicate({t[2]}, {lit(T, 2.0 ** 23)}, {n});",
+                f"Compare({t[1]}.ReinterpretCast<uint8_t>(), {t[0]}, {t[2]}, CMPMODE::LT, {n});",
+                f"Cast({t[0]}.ReinterpretCast<int32_t>(), {s[0]}, RoundMode::{mode}, {n});",
+                f"Cast({t[2]}, {t[0]}.ReinterpretCast<int32_t>(), RoundMode::CAST_NONE, {n});",
+                f"Select({d}, {t[1]}.ReinterpretCast<uint8_t>(), {t[2]}, {s[0]}, "
+                f"SELMODE::VSEL_TENSOR_TENSOR_MODE, {n});",
+                # the result has x's sign (floor(-0.0) = -0.0, ceil(-0.5) = -0.0): |r| | signbit(x)
+                f"Duplicate({t[0]}.ReinterpretCast<int32_t>(), (int32_t)(-2147483647 - 1), {n});",
+                f"And({t[0]}.ReinterpretCast<uint16_t>(), {s[0]}.ReinterpretCast<uint16_t>(), "
+                f"{t[0]}.ReinterpretCast<uint16_t>(), {n} * 2);",
+                f"Abs({d}, {d}, {n});",
+                f"Or({d}.ReinterpretCast<uint16_t>(), {d}.ReinterpretCast<uint16_t>(), "
+                f"{t[0]}.ReinterpretCast<uint16_t>(), {n} * 2);"]
+    return emit
+
+
+for _op, _mode in (("Floor", "CAST_FLOOR"), ("Ceil", "CAST_CEIL"), ("Round", "CAST_RINT")):
+    _add(_op, FLOAT, 3, ["Abs", "Duplicate", "Compare", "Cast", "Select", "And", "Or"], _rounding(_mode))
+for _op in ("FloorDiv", "FloorMod"):
+    _refuse(_op, "not generated yet (it would be Div followed by Floor's Compare/Select composition)")
 for _op in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "Select",
             "IsNan", "IsInf", "IsFinite", "LogicalNot", "LogicalAnd", "LogicalOr"):
     _refuse(_op, _NEEDS_SELECT)

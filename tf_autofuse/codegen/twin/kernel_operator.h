@@ -159,6 +159,8 @@ namespace AscendC {
 enum class TPosition { GM, VECIN, VECOUT, VECCALC };
 enum class RoundMode { CAST_NONE = 0, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
 enum PipeType { PIPE_V, PIPE_MTE2, PIPE_MTE3, PIPE_S, PIPE_ALL };
+enum class CMPMODE { LT = 0, GT, EQ, LE, GE, NE };
+enum class SELMODE { VSEL_CMPMASK_SPR = 0, VSEL_TENSOR_SCALAR_MODE, VSEL_TENSOR_TENSOR_MODE };
 
 inline int64_t GetBlockIdx() { return twin::Cur().idx; }
 inline int64_t GetBlockNum() { return twin::Cur().num; }
@@ -550,6 +552,14 @@ template <typename T> void Min(const LocalTensor<T>& d, const LocalTensor<T>& a,
   TWIN_ARITH(T, "Min");
   detail::Binary(d, a, b, n, "Min", [](detail::Wide<T> x, detail::Wide<T> y) { return x < y ? x : y; });
 }
+template <typename T> void And(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+  static_assert(detail::OneOf<T, int16_t, uint16_t>(), "And takes int16 or uint16");
+  detail::Binary(d, a, b, n, "And", [](T x, T y) { return T(x & y); });
+}
+template <typename T> void Or(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+  static_assert(detail::OneOf<T, int16_t, uint16_t>(), "Or takes int16 or uint16");
+  detail::Binary(d, a, b, n, "Or", [](T x, T y) { return T(x | y); });
+}
 template <typename T> void Adds(const LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
   TWIN_ARITH(T, "Adds"); detail::Wide<T> k = c;
   detail::Unary(d, s, n, "Adds", [k](detail::Wide<T> x) {
@@ -614,6 +624,74 @@ template <typename T> void ReduceMax(const LocalTensor<T>& d, const LocalTensor<
 template <typename T> void ReduceMin(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
   TWIN_FLOAT_ONLY(T, "ReduceMin");
   detail::Reduce(d, s, tmp, n, "ReduceMin", [](float a, float b) { return std::isnan(a) || a < b ? a : b; });
+}
+
+// dst: one bit per element (LSB first), set where src0 <mode> src1 holds; NaN compares false
+// except NE. count * sizeof(T) must be a multiple of 256 bytes.
+template <typename T>
+void Compare(const LocalTensor<uint8_t>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, CMPMODE mode,
+             uint32_t count) {
+  TWIN_FLOAT_ONLY(T, "Compare");
+  if ((count * sizeof(T)) % 256) twin::Fail("Compare: count * sizeof(T) must be a multiple of 256 bytes");
+  int32_t n = static_cast<int32_t>(count);
+  detail::Read(a, n, "Compare");
+  detail::Read(b, n, "Compare");
+  std::vector<float> x(n), y(n);
+  for (int32_t i = 0; i < n; ++i) { x[i] = a.Data(n, "Compare")[i]; y[i] = b.Data(n, "Compare")[i]; }
+  uint8_t* m = detail::Write(dst, n / 8, "Compare");
+  for (int32_t i = 0; i < n; ++i) {
+    bool r = mode == CMPMODE::LT ? x[i] < y[i] : mode == CMPMODE::GT ? x[i] > y[i] : mode == CMPMODE::EQ ? x[i] == y[i]
+           : mode == CMPMODE::LE ? x[i] <= y[i] : mode == CMPMODE::GE ? x[i] >= y[i] : x[i] != y[i];
+    if (r) m[i / 8] |= uint8_t(1u << (i % 8)); else m[i / 8] &= uint8_t(~(1u << (i % 8)));
+  }
+  detail::Done(dst, n / 8);
+}
+// dst[i] = bit i of mask ? src0[i] : src1[i]
+template <typename T>
+void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const LocalTensor<T>& a,
+            const LocalTensor<T>& b, SELMODE mode, uint32_t count) {
+  TWIN_FLOAT_ONLY(T, "Select");
+  if (mode != SELMODE::VSEL_TENSOR_TENSOR_MODE) twin::Fail("Select: the twin models VSEL_TENSOR_TENSOR_MODE only");
+  int32_t n = static_cast<int32_t>(count);
+  detail::Read(mask, (n + 7) / 8, "Select");
+  detail::Read(a, n, "Select");
+  detail::Read(b, n, "Select");
+  std::vector<uint8_t> m(mask.Data((n + 7) / 8, "Select"), mask.Data((n + 7) / 8, "Select") + (n + 7) / 8);
+  std::vector<T> x(a.Data(n, "Select"), a.Data(n, "Select") + n), y(b.Data(n, "Select"), b.Data(n, "Select") + n);
+  T* d = detail::Write(dst, n, "Select");
+  for (int32_t i = 0; i < n; ++i) d[i] = (m[i / 8] >> (i % 8)) & 1u ? x[i] : y[i];
+  detail::Done(dst, n);
+}
+
+// float -> int32 with a rounding mode, int32 -> float (CAST_NONE: round to nearest even).
+inline int32_t TwinRound(float x, RoundMode mode) {
+  double r = mode == RoundMode::CAST_FLOOR ? std::floor(x) : mode == RoundMode::CAST_CEIL ? std::ceil(x)
+           : mode == RoundMode::CAST_TRUNC ? std::trunc(x) : mode == RoundMode::CAST_ROUND ? std::round(x)
+           : std::nearbyint(x);
+  if (std::isnan(r)) return 0;
+  if (r >= 2147483647.0) return 2147483647;  // saturates
+  if (r <= -2147483648.0) return -2147483647 - 1;
+  return static_cast<int32_t>(r);
+}
+inline void Cast(const LocalTensor<int32_t>& dst, const LocalTensor<float>& src, const RoundMode& mode,
+                 const uint32_t count) {
+  if (mode == RoundMode::CAST_NONE || mode == RoundMode::CAST_ODD) twin::Fail("Cast float->int32 needs a rounding mode");
+  int32_t n = static_cast<int32_t>(count);
+  detail::Read(src, n, "Cast");
+  std::vector<float> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
+  int32_t* d = detail::Write(dst, n, "Cast");
+  for (int32_t i = 0; i < n; ++i) d[i] = TwinRound(tmp[i], mode);
+  detail::Done(dst, n);
+}
+inline void Cast(const LocalTensor<float>& dst, const LocalTensor<int32_t>& src, const RoundMode& mode,
+                 const uint32_t count) {
+  if (mode != RoundMode::CAST_NONE) twin::Fail("Cast int32->float: the twin models CAST_NONE only");
+  int32_t n = static_cast<int32_t>(count);
+  detail::Read(src, n, "Cast");
+  std::vector<int32_t> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
+  float* d = detail::Write(dst, n, "Cast");
+  for (int32_t i = 0; i < n; ++i) d[i] = static_cast<float>(tmp[i]);
+  detail::Done(dst, n);
 }
 
 template <typename D, typename S>
