@@ -392,7 +392,10 @@ int main(int argc, char** argv) {
   if (!npu->Run({x.data()}, {y.data()}, x.size(), &error, 40)) { std::printf("run failed: %s\n", error.c_str()); return 1; }
   std::vector<float> z(5000);
   bool wrong_count = npu->Run({x.data(), x.data()}, {z.data()}, x.size(), &error, 40);
-  std::printf("%s %s", npu->kernel_name().c_str(), wrong_count ? "accepted" : error.c_str());
+  std::string error2;
+  bool wrong_size = npu->Run({x.data()}, {z.data()}, x.size(), &error2, 40, 0, nullptr, {}, {4999});
+  std::printf("%s %s %s |", npu->kernel_name().c_str(), wrong_count ? "accepted" : error.c_str(),
+              wrong_size ? "accepted" : "size-refused");
   for (int i = 0; i < 5000; i += 1000) std::printf(" %.6f", y[i]);
   std::printf("\n");
   auto missing = tf_autofuse::npu::Launcher::Open("/nonexistent/lib.so", &why);
@@ -412,7 +415,7 @@ def test_cpp_npu_dispatch_runs_a_kernel_library(launcher, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     words = out.stdout.split()
     assert words[0] == kernel.name
-    assert "bad launch arguments" in out.stdout
+    assert "bad launch arguments" in out.stdout and "size-refused" in out.stdout
     x = np.array([(i % 7) - 3.0 for i in range(0, 5000, 1000)], np.float32)
     np.testing.assert_allclose([float(w) for w in words[-5:]], np.exp(np.abs(x)), rtol=1e-5)
 

@@ -725,6 +725,9 @@ extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
   void* dev[{nin + nout + 1}] = {{}};
   uint64_t bytes[{nin + nout + 1}];
 {in_bytes}
+  for (int k = 0; k < {nin}; ++k)
+    if (a->input_elements && a->input_elements[k] * {n}_IN_SIZES[k] != bytes[k])
+      return autofuse_launch_fail(a, -1, "{n}: an input does not have the element count its view needs");
 {out_bytes}
   bytes[{nin + nout}] = sizeof(t);
   const char* what = "aclrtMalloc";

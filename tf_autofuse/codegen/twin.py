@@ -51,7 +51,8 @@ class _LaunchArgs(ctypes.Structure):
                 ("inputs", ctypes.POINTER(ctypes.c_void_p)), ("num_outputs", ctypes.c_uint32),
                 ("outputs", ctypes.POINTER(ctypes.c_void_p)), ("tiling_out", ctypes.c_void_p),
                 ("error", ctypes.c_char_p), ("error_len", ctypes.c_uint32),
-                ("rank", ctypes.c_uint32), ("shape", ctypes.POINTER(ctypes.c_int64))]
+                ("rank", ctypes.c_uint32), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("input_elements", ctypes.POINTER(ctypes.c_uint64))]
 
 
 def _harness(k: Kernel, acl: bool) -> str:
@@ -240,12 +241,14 @@ class TwinLibrary:
         t = _Tiling() if kernel.split is None else _BcastTiling()
         err = ctypes.create_string_buffer(4096)
         dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        counts = (ctypes.c_uint64 * max(1, len(arrays)))(*[a.size for a in arrays])
         args = _LaunchArgs(1, 0, None, core_num, outer * inner, len(arrays),
                            ctypes.cast(ins_p, ctypes.POINTER(ctypes.c_void_p)), len(outs),
                            ctypes.cast(outs_p, ctypes.POINTER(ctypes.c_void_p)),
                            ctypes.cast(ctypes.byref(t), ctypes.c_void_p), ctypes.cast(err, ctypes.c_char_p),
                            len(err), kernel.rank if kernel.split is not None else 0,
-                           ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64)))
+                           ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64)),
+                           ctypes.cast(counts, ctypes.POINTER(ctypes.c_uint64)))
         fn = getattr(self.lib, symbol or f"{name}_launch")
         fn.restype = ctypes.c_int
         rc = fn(ctypes.byref(args))

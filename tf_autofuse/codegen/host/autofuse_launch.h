@@ -24,6 +24,7 @@ struct AutofuseLaunchArgs {
   uint32_t error_len;
   uint32_t rank;             // broadcast kernels: the iteration shape (flat kernels ignore it)
   const int64_t* shape;
+  const uint64_t* input_elements;  // optional: each input's element count, checked by the launcher
 };
 
 static inline int autofuse_launch_fail(const AutofuseLaunchArgs* a, int code, const char* what) {

@@ -8,11 +8,12 @@
 //     npu_ = tf_autofuse::npu::Launcher::Open(lib, &why);   // null: CPU path (log `why` once)
 // and at the top of Compute, once the output tensors are allocated:
 //   if (npu_ && npu_->Run(input_ptrs, output_ptrs, iteration_elements, &error, 0, 0, nullptr,
-//                         iteration_shape)) return;
+//                         iteration_shape, input_num_elements)) return;
 //   // else: LOG(WARNING) once with `error`, npu_.reset(), and run the CPU interpreter.
 // Buffers are host memory (the launcher copies them to and from the device); flat kernels expect
 // every input to hold iteration_elements values, broadcast/reduce kernels read the inputs in
 // their views and need iteration_shape; reduced outputs hold one value per outer position.
+// Pass input_num_elements: the launcher refuses (false, CPU path) inputs of the wrong size.
 #ifndef TF_AUTOFUSE_CODEGEN_NPU_DISPATCH_H_
 #define TF_AUTOFUSE_CODEGEN_NPU_DISPATCH_H_
 
@@ -59,7 +60,7 @@ class Launcher {
   // Broadcast kernels also need the iteration shape (`shape`); flat kernels ignore it.
   bool Run(const std::vector<const void*>& inputs, const std::vector<void*>& outputs, uint64_t total,
            std::string* error, uint32_t core_num = 0, int32_t device = 0, void* stream = nullptr,
-           const std::vector<int64_t>& shape = {}) {
+           const std::vector<int64_t>& shape = {}, const std::vector<uint64_t>& input_elements = {}) {
     char message[512] = {0};
     AutofuseLaunchArgs args{};
     args.abi_version = AUTOFUSE_LAUNCH_ABI;
@@ -75,6 +76,7 @@ class Launcher {
     args.error_len = sizeof(message);
     args.rank = static_cast<uint32_t>(shape.size());
     args.shape = shape.data();
+    args.input_elements = input_elements.empty() ? nullptr : input_elements.data();
     std::lock_guard<std::mutex> lock(mu_);
     int rc = launch_(&args);
     if (rc != 0 && error) *error = name_ + ": " + message;
