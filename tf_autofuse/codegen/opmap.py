@@ -155,21 +155,28 @@ _NEEDS_ADV = ("needs the advanced math library (%s) with a sized shared temp buf
               "generator does not emit yet")
 
 def _rounding(mode):
-    # |x| < 2^23 ? float(int32 round(x)) : x  (larger floats, inf and NaN are already "integral")
+    # |x| < 2^23 ? float(int32 round(x)) : x  (larger floats, inf and NaN are already "integral"),
+    # then x's sign bit: floor(-0.0) = -0.0, ceil(-0.5) = -0.0. Views are named (vector APIs take
+    # the destination by non-const reference).
     def emit(T, d, s, n, t):
-        return [f"Abs({t[0]}, {s[0]}, {n});", f"Duplicate({t[2]}, {lit(T, 2.0 ** 23)}, {n});",
-                f"Compare({t[1]}.ReinterpretCast<uint8_t>(), {t[0]}, {t[2]}, CMPMODE::LT, {n});",
-                f"Cast({t[0]}.ReinterpretCast<int32_t>(), {s[0]}, RoundMode::{mode}, {n});",
-                f"Cast({t[2]}, {t[0]}.ReinterpretCast<int32_t>(), RoundMode::CAST_NONE, {n});",
-                f"Select({d}, {t[1]}.ReinterpretCast<uint8_t>(), {t[2]}, {s[0]}, "
-                f"SELMODE::VSEL_TENSOR_TENSOR_MODE, {n});",
-                # the result has x's sign (floor(-0.0) = -0.0, ceil(-0.5) = -0.0): |r| | signbit(x)
-                f"Duplicate({t[0]}.ReinterpretCast<int32_t>(), (int32_t)(-2147483647 - 1), {n});",
-                f"And({t[0]}.ReinterpretCast<uint16_t>(), {s[0]}.ReinterpretCast<uint16_t>(), "
-                f"{t[0]}.ReinterpretCast<uint16_t>(), {n} * 2);",
+        x = s[0]
+        return [f"Abs({t[0]}, {x}, {n});",
+                f"Duplicate({t[2]}, {lit(T, 2.0 ** 23)}, {n});",
+                f"{{ LocalTensor<uint8_t> m = {t[1]}.ReinterpretCast<uint8_t>(); "
+                f"Compare(m, {t[0]}, {t[2]}, CMPMODE::LT, {n}); }}",
+                f"{{ LocalTensor<int32_t> i = {t[0]}.ReinterpretCast<int32_t>(); "
+                f"Cast(i, {x}, RoundMode::{mode}, {n}); }}",
+                f"{{ LocalTensor<int32_t> i = {t[0]}.ReinterpretCast<int32_t>(); "
+                f"Cast({t[2]}, i, RoundMode::CAST_NONE, {n}); }}",
+                f"{{ LocalTensor<uint8_t> m = {t[1]}.ReinterpretCast<uint8_t>(); "
+                f"Select({d}, m, {t[2]}, {x}, SELMODE::VSEL_TENSOR_TENSOR_MODE, {n}); }}",
+                f"{{ LocalTensor<int32_t> i = {t[0]}.ReinterpretCast<int32_t>(); "
+                f"Duplicate(i, (int32_t)(-2147483647 - 1), {n}); }}",
+                f"{{ LocalTensor<uint16_t> b = {t[0]}.ReinterpretCast<uint16_t>(); "
+                f"LocalTensor<uint16_t> xb = {x}.ReinterpretCast<uint16_t>(); And(b, xb, b, {n} * 2); }}",
                 f"Abs({d}, {d}, {n});",
-                f"Or({d}.ReinterpretCast<uint16_t>(), {d}.ReinterpretCast<uint16_t>(), "
-                f"{t[0]}.ReinterpretCast<uint16_t>(), {n} * 2);"]
+                f"{{ LocalTensor<uint16_t> b = {t[0]}.ReinterpretCast<uint16_t>(); "
+                f"LocalTensor<uint16_t> db = {d}.ReinterpretCast<uint16_t>(); Or(db, db, b, {n} * 2); }}"]
     return emit
 
 

@@ -404,7 +404,7 @@ inline void Touch(uint32_t offset, uint32_t bytes) { twin::Cur().dirty.push_back
 }  // namespace detail
 
 template <typename T>
-void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t count) {
+void DataCopy(LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t count) {
   detail::CheckAligned(dst, count, "DataCopy GM->UB");
   std::memcpy(dst.Data(count, "DataCopy GM->UB"), src.Data(count, "DataCopy GM->UB"), count * sizeof(T));
   ++twin::Cur().copies;
@@ -416,14 +416,14 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
   ++twin::Cur().copies;
 }
 template <typename T>
-void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>& src, uint32_t count) {
+void DataCopy(LocalTensor<T>& dst, const LocalTensor<T>& src, uint32_t count) {
   detail::CheckAligned(dst, count, "DataCopy UB->UB");
   detail::CheckAligned(src, count, "DataCopy UB->UB");
   std::memmove(dst.Data(count, "DataCopy UB->UB"), src.Data(count, "DataCopy UB->UB"), count * sizeof(T));
   ++twin::Cur().copies;
 }
 template <typename T>
-void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyExtParams& p,
+void DataCopyPad(LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyExtParams& p,
                  const DataCopyPadExtParams<T>& pad) {
   if (p.blockCount != 1 || p.srcStride || p.dstStride)
     twin::Fail("DataCopyPad: the twin models blockCount=1 without strides only");
@@ -510,79 +510,79 @@ inline int32_t Wrap(int64_t v) { return static_cast<int32_t>(static_cast<uint32_
 #define TWIN_ARITH(T, api) \
   static_assert(detail::OneOf<T, half, float, int16_t, int32_t>(), api " takes half, float, int16 or int32")
 
-template <typename T> void Abs(const LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
+template <typename T> void Abs(LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
   TWIN_FLOAT_ONLY(T, "Abs"); detail::Unary(d, s, n, "Abs", [](float x) { return std::fabs(x); });
 }
-template <typename T> void Relu(const LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
+template <typename T> void Relu(LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
   static_assert(detail::OneOf<T, half, float, int32_t>(), "Relu takes half, float or int32");
   detail::Unary(d, s, n, "Relu", [](detail::Wide<T> x) { return x > 0 ? x : detail::Wide<T>(0); });
 }
-template <typename T> void Exp(const LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
+template <typename T> void Exp(LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
   TWIN_FLOAT_ONLY(T, "Exp"); detail::Unary(d, s, n, "Exp", [](float x) { return std::exp(x); });
 }
-template <typename T> void Ln(const LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
+template <typename T> void Ln(LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
   TWIN_FLOAT_ONLY(T, "Ln"); detail::Unary(d, s, n, "Ln", [](float x) { return std::log(x); });
 }
-template <typename T> void Sqrt(const LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
+template <typename T> void Sqrt(LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t& n) {
   TWIN_FLOAT_ONLY(T, "Sqrt"); detail::Unary(d, s, n, "Sqrt", [](float x) { return std::sqrt(x); });
 }
-template <typename T> void Add(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+template <typename T> void Add(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
   TWIN_ARITH(T, "Add");
   detail::Binary(d, a, b, n, "Add", [](detail::Wide<T> x, detail::Wide<T> y) {
     if constexpr (std::is_integral<T>::value) return detail::Wrap(int64_t(x) + y); else return x + y; });
 }
-template <typename T> void Sub(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+template <typename T> void Sub(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
   TWIN_ARITH(T, "Sub");
   detail::Binary(d, a, b, n, "Sub", [](detail::Wide<T> x, detail::Wide<T> y) {
     if constexpr (std::is_integral<T>::value) return detail::Wrap(int64_t(x) - y); else return x - y; });
 }
-template <typename T> void Mul(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+template <typename T> void Mul(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
   TWIN_ARITH(T, "Mul");
   detail::Binary(d, a, b, n, "Mul", [](detail::Wide<T> x, detail::Wide<T> y) {
     if constexpr (std::is_integral<T>::value) return detail::Wrap(int64_t(x) * y); else return x * y; });
 }
-template <typename T> void Div(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+template <typename T> void Div(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
   TWIN_FLOAT_ONLY(T, "Div"); detail::Binary(d, a, b, n, "Div", [](float x, float y) { return x / y; });
 }
-template <typename T> void Max(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+template <typename T> void Max(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
   TWIN_ARITH(T, "Max");
   detail::Binary(d, a, b, n, "Max", [](detail::Wide<T> x, detail::Wide<T> y) { return x > y ? x : y; });
 }
-template <typename T> void Min(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+template <typename T> void Min(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
   TWIN_ARITH(T, "Min");
   detail::Binary(d, a, b, n, "Min", [](detail::Wide<T> x, detail::Wide<T> y) { return x < y ? x : y; });
 }
-template <typename T> void And(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+template <typename T> void And(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
   static_assert(detail::OneOf<T, int16_t, uint16_t>(), "And takes int16 or uint16");
   detail::Binary(d, a, b, n, "And", [](T x, T y) { return T(x & y); });
 }
-template <typename T> void Or(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+template <typename T> void Or(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
   static_assert(detail::OneOf<T, int16_t, uint16_t>(), "Or takes int16 or uint16");
   detail::Binary(d, a, b, n, "Or", [](T x, T y) { return T(x | y); });
 }
-template <typename T> void Adds(const LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
+template <typename T> void Adds(LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
   TWIN_ARITH(T, "Adds"); detail::Wide<T> k = c;
   detail::Unary(d, s, n, "Adds", [k](detail::Wide<T> x) {
     if constexpr (std::is_integral<T>::value) return detail::Wrap(int64_t(x) + k); else return x + k; });
 }
-template <typename T> void Muls(const LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
+template <typename T> void Muls(LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
   TWIN_ARITH(T, "Muls"); detail::Wide<T> k = c;
   detail::Unary(d, s, n, "Muls", [k](detail::Wide<T> x) {
     if constexpr (std::is_integral<T>::value) return detail::Wrap(int64_t(x) * k); else return x * k; });
 }
-template <typename T> void Maxs(const LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
+template <typename T> void Maxs(LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
   TWIN_ARITH(T, "Maxs"); detail::Wide<T> k = c;
   detail::Unary(d, s, n, "Maxs", [k](detail::Wide<T> x) { return x > k ? x : k; });
 }
-template <typename T> void Mins(const LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
+template <typename T> void Mins(LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
   TWIN_ARITH(T, "Mins"); detail::Wide<T> k = c;
   detail::Unary(d, s, n, "Mins", [k](detail::Wide<T> x) { return x < k ? x : k; });
 }
-template <typename T> void LeakyRelu(const LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
+template <typename T> void LeakyRelu(LocalTensor<T>& d, const LocalTensor<T>& s, const T& c, const int32_t& n) {
   TWIN_FLOAT_ONLY(T, "LeakyRelu"); float k = c;
   detail::Unary(d, s, n, "LeakyRelu", [k](float x) { return x < 0 ? x * k : x; });
 }
-template <typename T> void Duplicate(const LocalTensor<T>& d, const T& c, const int32_t& n) {
+template <typename T> void Duplicate(LocalTensor<T>& d, const T& c, const int32_t& n) {
   static_assert(detail::OneOf<T, half, float, int16_t, int32_t, uint16_t, uint32_t>(), "Duplicate: bad type");
   T* p = detail::Write(d, n, "Duplicate");
   for (int32_t i = 0; i < n; ++i) p[i] = c;
@@ -614,14 +614,14 @@ void Reduce(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTen
   Done(tmp, 1);
 }
 }  // namespace detail
-template <typename T> void ReduceSum(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
+template <typename T> void ReduceSum(LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
   TWIN_FLOAT_ONLY(T, "ReduceSum"); detail::Reduce(d, s, tmp, n, "ReduceSum", [](float a, float b) { return a + b; });
 }
-template <typename T> void ReduceMax(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
+template <typename T> void ReduceMax(LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
   TWIN_FLOAT_ONLY(T, "ReduceMax");
   detail::Reduce(d, s, tmp, n, "ReduceMax", [](float a, float b) { return std::isnan(a) || a > b ? a : b; });
 }
-template <typename T> void ReduceMin(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
+template <typename T> void ReduceMin(LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& tmp, const int32_t n) {
   TWIN_FLOAT_ONLY(T, "ReduceMin");
   detail::Reduce(d, s, tmp, n, "ReduceMin", [](float a, float b) { return std::isnan(a) || a < b ? a : b; });
 }
@@ -629,7 +629,7 @@ template <typename T> void ReduceMin(const LocalTensor<T>& d, const LocalTensor<
 // dst: one bit per element (LSB first), set where src0 <mode> src1 holds; NaN compares false
 // except NE. count * sizeof(T) must be a multiple of 256 bytes.
 template <typename T>
-void Compare(const LocalTensor<uint8_t>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, CMPMODE mode,
+void Compare(LocalTensor<uint8_t>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, CMPMODE mode,
              uint32_t count) {
   TWIN_FLOAT_ONLY(T, "Compare");
   if ((count * sizeof(T)) % 256) twin::Fail("Compare: count * sizeof(T) must be a multiple of 256 bytes");
@@ -648,7 +648,7 @@ void Compare(const LocalTensor<uint8_t>& dst, const LocalTensor<T>& a, const Loc
 }
 // dst[i] = bit i of mask ? src0[i] : src1[i]
 template <typename T>
-void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const LocalTensor<T>& a,
+void Select(LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const LocalTensor<T>& a,
             const LocalTensor<T>& b, SELMODE mode, uint32_t count) {
   TWIN_FLOAT_ONLY(T, "Select");
   if (mode != SELMODE::VSEL_TENSOR_TENSOR_MODE) twin::Fail("Select: the twin models VSEL_TENSOR_TENSOR_MODE only");
@@ -673,7 +673,7 @@ inline int32_t TwinRound(float x, RoundMode mode) {
   if (r <= -2147483648.0) return -2147483647 - 1;
   return static_cast<int32_t>(r);
 }
-inline void Cast(const LocalTensor<int32_t>& dst, const LocalTensor<float>& src, const RoundMode& mode,
+inline void Cast(LocalTensor<int32_t>& dst, const LocalTensor<float>& src, const RoundMode& mode,
                  const uint32_t count) {
   if (mode == RoundMode::CAST_NONE || mode == RoundMode::CAST_ODD) twin::Fail("Cast float->int32 needs a rounding mode");
   int32_t n = static_cast<int32_t>(count);
@@ -683,7 +683,7 @@ inline void Cast(const LocalTensor<int32_t>& dst, const LocalTensor<float>& src,
   for (int32_t i = 0; i < n; ++i) d[i] = TwinRound(tmp[i], mode);
   detail::Done(dst, n);
 }
-inline void Cast(const LocalTensor<float>& dst, const LocalTensor<int32_t>& src, const RoundMode& mode,
+inline void Cast(LocalTensor<float>& dst, const LocalTensor<int32_t>& src, const RoundMode& mode,
                  const uint32_t count) {
   if (mode != RoundMode::CAST_NONE) twin::Fail("Cast int32->float: the twin models CAST_NONE only");
   int32_t n = static_cast<int32_t>(count);
@@ -695,7 +695,7 @@ inline void Cast(const LocalTensor<float>& dst, const LocalTensor<int32_t>& src,
 }
 
 template <typename D, typename S>
-void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, const RoundMode& mode, const uint32_t count) {
+void Cast(LocalTensor<D>& dst, const LocalTensor<S>& src, const RoundMode& mode, const uint32_t count) {
   constexpr bool up = (std::is_same<S, half>::value || std::is_same<S, bfloat16_t>::value) && std::is_same<D, float>::value;
   constexpr bool down = std::is_same<S, float>::value && (std::is_same<D, half>::value || std::is_same<D, bfloat16_t>::value);
   static_assert(up || down, "Cast: the twin models half/bf16 <-> float only");
