@@ -1,0 +1,769 @@
+"""Ascend C generation for one fused program.
+
+`generate(text, name)` returns a `Kernel`: either `ok` with its sources (device kernel, tiling
+header, host tiling + ACL launch glue) and its UB plan, or not ok with the reason the group
+stays on the CPU path. The generated kernel is the standard vector (AIV) shape:
+
+    CopyIn   GM -> UB   DataCopy (whole 32-byte blocks) / DataCopyPad (tail) into VECIN queues
+    Compute  UB -> UB   16-bit inputs Cast to fp32, the program's ops (opmap.py), Cast back
+    CopyOut  UB -> GM   from VECOUT queues
+
+double-buffered TQues (BUFFER_NUM = 2), scratch tensors in TBufs, the work split over
+GetBlockNum() cores by the host tiling function (tiling.py). Schedules (`_schedule`):
+"flat" (every input read as the iteration shape); "broadcast" (the iteration shape cut into
+[outer, inner], inputs full / row / col / scalar, tiles are chunks of a row); "reduce" (the same
+cut at the reduced trailing axes, one pass a row, ReduceSum/Max/Min into row accumulators).
+Anything else is refused with a reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+from typing import Optional
+
+from . import ir, opmap, tiling
+
+CTYPE = {"f16": "half", "bf16": "bfloat16_t", "f32": "float", "i32": "int32_t"}
+SIZE = {"half": 2, "bfloat16_t": 2, "float": 4, "int32_t": 4}
+STORAGE = {"f16": "float", "bf16": "float", "f32": "float", "i32": "int32_t"}  # compute type
+BLACKLIST_FLAG = "autofuse_enhance_precision_blacklist"
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str
+    program: str
+    ok: bool
+    reason: str = ""
+    sources: dict = dataclasses.field(default_factory=dict)  # file name -> text
+    ub: Optional[tiling.UbPlan] = None
+    inputs: tuple = ()  # C types of the kernel's inputs
+    outputs: tuple = ()  # C types of its outputs
+    half_ops: tuple = ()  # instructions computed in half (blacklisted)
+    split: Optional[int] = None  # broadcast schedule: iteration axes [0, split) are outer; None: flat
+    patterns: tuple = ()  # broadcast schedule: per input "full", "row", "col" or "scalar"
+    rank: int = 0  # broadcast schedule: rank of the iteration shape
+    out_reduced: tuple = ()  # reduce schedule: per output, True when it is a reduced value
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for key in sorted(self.sources):
+            h.update(key.encode() + b"\0" + self.sources[key].encode() + b"\0")
+        return h.hexdigest()[:20]
+
+    def tiling(self, total: int, core_num: int) -> tiling.Tiling:
+        return tiling.compute(total, core_num, self.ub.max_tile)
+
+    def outer_inner(self, iteration_shape) -> tuple:
+        """(outer, inner) element counts of an iteration shape, for the broadcast schedule."""
+        shape = tuple(iteration_shape)
+        if len(shape) != self.rank:
+            raise ValueError(f"{self.name}: iteration shape {shape} is not of rank {self.rank}")
+        outer = inner = 1
+        for d in shape[:self.split]:
+            outer *= d
+        for d in shape[self.split:]:
+            inner *= d
+        return outer, inner
+
+
+def kernel_name(node_name: str) -> str:
+    """`autofuse_pointwise_0_Abs_SquaredDifference` -> `autofuse_pointwise_0_abs_squared_difference`."""
+    snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", node_name)
+    snake = re.sub(r"[^A-Za-z0-9_]", "_", snake).lower()
+    snake = re.sub(r"_+", "_", snake).strip("_")
+    if not snake or snake[0].isdigit():
+        snake = "k_" + snake
+    return snake
+
+
+def precision_blacklist(environ=None) -> frozenset:
+    """IR op names of `--autofuse_enhance_precision_blacklist=Op,...` in AUTOFUSE_FLAGS.
+
+    Read here until tf_autofuse/flags.py declares the key: ops listed compute f16 in f16."""
+    environ = os.environ if environ is None else environ
+    ops = set()
+    for item in environ.get("AUTOFUSE_FLAGS", "").split(";"):
+        key, _, value = item.strip().lstrip("-").partition("=")
+        if key.strip() == BLACKLIST_FLAG:
+            ops.update(v.strip() for v in value.split(",") if v.strip())
+    return frozenset(ops)
+
+
+def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> Kernel:
+    name = kernel_name(name)
+    blacklist = precision_blacklist() if blacklist is None else frozenset(blacklist)
+    try:
+        program = ir.load(text)
+    except ValueError as err:
+        return Kernel(name, text, False, f"the program does not parse: {err}")
+    reason = _schedule(program)
+    split = patterns = None
+    if reason == _BROADCAST:
+        split, patterns, reason = _split(program)
+    elif reason == _REDUCE:
+        split, patterns, reason = _reduce_split(program)
+    if reason:
+        return Kernel(name, text, False, reason)
+    try:
+        return _Flat(name, program, blacklist, split, patterns).kernel()
+    except _Refused as refused:
+        return Kernel(name, text, False, str(refused))
+
+
+def _schedule(program: ir.Program) -> str:
+    """'' for the flat schedule, else why no schedule fits (yet)."""
+    for k, inp in enumerate(program.inputs):
+        if inp.dtype not in CTYPE:
+            return f"in{k}: {inp.dtype} has no Ascend vector type on this path"
+    for k, inst in enumerate(program.insts):
+        if inst.dtype not in CTYPE or inst.operand_dtype not in CTYPE:
+            return f"%{k} = {inst.op}: dtype {inst.dtype} is not generated"
+    if program.has_reduction:
+        return _REDUCE
+    if program.has_broadcast:
+        return _BROADCAST
+    return ""
+
+
+_BROADCAST = "broadcast"
+_REDUCE = "reduce"
+REDUCE_API = {"Sum": "ReduceSum", "Mean": "ReduceSum", "Max": "ReduceMax", "Min": "ReduceMin"}
+ACCUMULATE = {"Sum": "Add", "Mean": "Add", "Max": "Max", "Min": "Min"}
+
+
+def _reduce_split(program: ir.Program):
+    """The reduce schedule: one pass over each row of [outer, inner], the reduced axes being
+    exactly the inner ones. (split, patterns, "") or (None, None, reason)."""
+    axes_lists = {inst.attrs.get("axes") for inst in program.insts if inst.op in ir.REDUCTIONS}
+    if len(axes_lists) != 1:
+        return None, None, "reductions over different axes in one program"
+    views = [inp.view for inp in program.inputs]
+    if any(v is None for v in views):
+        return None, None, "reductions need inputs of known rank"
+    rank = max(len(v) for v in views)
+    try:
+        axes = [int(a) for a in axes_lists.pop().strip("[]").split(",")]
+    except ValueError:
+        return None, None, "reductions need axes=[...]"
+    if axes != list(range(axes[0], rank)):
+        return None, None, (f"reduction axes {axes} are not the trailing axes of rank {rank}: "
+                            "only [outer, reduced inner] reductions are generated")
+    for k, inst in enumerate(program.insts):
+        if inst.op in ir.REDUCTIONS and inst.op not in REDUCE_API:
+            return None, None, f"%{k} = {inst.op}: no vector reduction for it (ReduceSum/Max/Min only)"
+        if inst.op in ir.REDUCTIONS and inst.operand_dtype == "i32":
+            return None, None, f"%{k} = {inst.op}: i32 reductions are not generated (ReduceSum takes half/float)"
+        if inst.op not in ir.REDUCTIONS and inst.reduced:
+            return None, None, f"%{k} = {inst.op}: arithmetic on reduced values is not generated yet"
+        if inst.op not in ir.REDUCTIONS and any(
+                isinstance(o, ir.Ref) and o.kind == "%" and program.insts[o.index].reduced
+                for o in inst.operands):
+            return None, None, (f"%{k} = {inst.op} reads a reduced value over the full shape: "
+                                "multi-pass reductions (softmax, variance) are not generated yet")
+    split = axes[0]
+    patterns = _patterns_at(program, split, rank)
+    if patterns is None:
+        return None, None, f"the inputs' views do not split at the reduced axes {axes}"
+    return split, patterns, ""
+
+
+def _patterns_at(program: ir.Program, split: int, rank: int):
+    padded = [(1,) * (rank - len(i.view)) + tuple(i.view) for i in program.inputs]
+    patterns = []
+    for v in padded:
+        sides = []
+        for axes in (range(split), range(split, rank)):
+            ones = [v[a] == 1 for a in axes]
+            needed = [any(w[a] != 1 for w in padded) for a in axes]
+            if any(o and n for o, n in zip(ones, needed)):
+                if not all(o or not n for o, n in zip(ones, needed)):
+                    return None
+                sides.append(False)
+            else:
+                sides.append(True)
+        patterns.append({(True, True): "full", (False, True): "row", (True, False): "col",
+                         (False, False): "scalar"}[tuple(sides)])
+    return tuple(patterns)
+
+
+def _split(program: ir.Program):
+    """(split axis, per-input pattern, "") of the broadcast schedule, or (None, None, reason).
+
+    The iteration shape is cut into outer axes [0, split) and inner axes [split, rank); every
+    input must be, on each side, either read in full or broadcast (all ones): "full", "row" (inner
+    only, e.g. a bias), "col" (outer only, e.g. [N,1]) or "scalar". "?" counts as not 1."""
+    views = [inp.view for inp in program.inputs]
+    if any(v is None for v in views):
+        return None, None, "broadcast inputs of unknown rank: the view of each input must be known"
+    rank = max(len(v) for v in views)
+    padded = [(1,) * (rank - len(v)) + tuple(v) for v in views]
+    for axis in range(rank):
+        sizes = {d for v in padded for d in (v[axis],) if d != 1}
+        if len(sizes - {-1}) > 1:
+            return None, None, f"incompatible views {views} on axis {axis}"
+    for split in range(rank + 1):
+        patterns = []
+        for v in padded:
+            sides = []
+            for axes in (range(split), range(split, rank)):
+                ones = [v[a] == 1 for a in axes]
+                needed = [any(w[a] != 1 for w in padded) for a in axes]
+                if all(o or not n for o, n in zip(ones, needed)) and any(o and n for o, n in zip(ones, needed)):
+                    sides.append(False)  # broadcast on this side
+                elif not any(o and n for o, n in zip(ones, needed)):
+                    sides.append(True)  # read in full on this side
+                else:
+                    sides.append(None)
+            if None in sides:
+                break
+            patterns.append({(True, True): "full", (False, True): "row", (True, False): "col",
+                             (False, False): "scalar"}[tuple(sides)])
+        else:
+            return split, tuple(patterns), ""
+    return None, None, (f"broadcast pattern of {views} is not an [outer, inner] split "
+                        "(a general strided schedule is not generated yet)")
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Flat:
+    """The flat schedule: every value is a tile of the same element range."""
+
+    def __init__(self, name: str, program: ir.Program, blacklist: frozenset, split=None, patterns=None):
+        self.name, self.p, self.blacklist = name, program, blacklist
+        self.split = split
+        self.patterns = patterns or ("full",) * len(program.inputs)
+        self.queued = [pat in ("full", "row") for pat in self.patterns]
+        self.reduce = program.has_reduction
+        self.reductions: list = []  # (accumulator index, op)
+        self.acc_of: dict = {}  # instruction index -> accumulator index
+        self.free: list = []
+        self.slots = 0
+        self.views: dict = {}  # (slot, ctype) -> C++ name of the view
+        self.body: list = []  # statements of Compute
+        self.half_ops: list = []
+
+    # ---- scratch slots (TBufs of tile * 4 bytes) ------------------------------------------
+    def _alloc(self) -> int:
+        if self.free:
+            return self.free.pop()
+        self.slots += 1
+        return self.slots - 1
+
+    def _release(self, slot: int):
+        self.free.append(slot)
+        self.free.sort(reverse=True)
+
+    def _view(self, slot: int, ctype: str) -> str:
+        key = (slot, ctype)
+        if key not in self.views:
+            suffix = {"float": "", "int32_t": "i", "half": "h", "bfloat16_t": "b"}[ctype]
+            self.views[key] = f"c{slot}{suffix}"
+        return self.views[key]
+
+    def _vec(self, *statements):
+        for s in statements:
+            if self.body and self.body[-1] != "PipeBarrier<PIPE_V>();":
+                self.body.append("PipeBarrier<PIPE_V>();")
+            self.body.append(s)
+
+    # ---- planning ------------------------------------------------------------------------
+    def kernel(self) -> Kernel:
+        p = self.p
+        last_use = {}
+        for k, inst in enumerate(p.insts):
+            for o in inst.operands:
+                if isinstance(o, ir.Ref):
+                    last_use[o] = k
+        output_refs = [o.ref for o in p.outputs]
+        in_types = [CTYPE[i.dtype] for i in p.inputs]
+        out_types = [CTYPE[p.ref_dtype(r)] for r in output_refs]
+
+        # where each value lives: (C++ tensor expression, ctype, slot or None)
+        loc: dict = {}
+        for k, inp in enumerate(p.inputs):
+            if STORAGE[inp.dtype] == CTYPE[inp.dtype] and self.queued[k]:
+                loc[ir.Ref("in", k)] = (f"x{k}", CTYPE[inp.dtype], None)
+        # values written straight into their output tensor
+        direct = {}
+        for j, ref in enumerate(output_refs):
+            if (ref.kind == "%" and output_refs.count(ref) == 1 and not p.insts[ref.index].reduced
+                    and STORAGE[p.insts[ref.index].dtype] == out_types[j]):
+                direct[ref] = j
+
+        out_reduced = [r.kind == "%" and p.insts[r.index].reduced for r in output_refs]
+        self.out_reduced = out_reduced
+        for k, inst in enumerate(p.insts):
+            ctype = STORAGE[inst.operand_dtype]
+            if inst.op in REDUCE_API:  # this tile's part of the row, folded into the accumulator
+                acc = len(self.reductions)
+                self.reductions.append((acc, inst.op))
+                self.acc_of[k] = acc
+                src, _ = self._operand(inst.operands[0], loc)
+                part, tmp = self._alloc(), self._alloc()
+                pv, tv = self._view(part, "float"), self._view(tmp, "float")
+                self._vec(f"{REDUCE_API[inst.op]}({pv}, {src}, {tv}, static_cast<int32_t>(n));")
+                self._vec(f"if (j == 0) {{ Muls(acc{acc}, {pv}, 1.0f, 1); }} "
+                          f"else {{ {ACCUMULATE[inst.op]}(acc{acc}, acc{acc}, {pv}, 1); }}")
+                self._release(part)
+                self._release(tmp)
+                ref = ir.Ref("%", k)
+                loc[ref] = (f"acc{acc}", "float", None)
+                o = inst.operands[0]
+                if last_use.get(o) == k and o not in output_refs:
+                    self._drop(o, loc)
+                continue
+            mapping = opmap.lookup(inst.op)
+            why = opmap.refusal(inst.op, ctype)
+            if why:
+                raise _Refused(f"%{k} = {why}")
+            exec_type = ctype
+            if inst.op in self.blacklist and inst.operand_dtype == "f16" and "half" in mapping.types:
+                exec_type = "half"
+                self.half_ops.append(f"%{k} = {inst.op}")
+            srcs, scratch = [], []
+            for o in inst.operands:
+                if isinstance(o, ir.Ref):
+                    srcs.append(self._operand(o, loc))
+                else:
+                    slot = self._alloc()
+                    scratch.append(slot)
+                    view = self._view(slot, exec_type)
+                    self._vec(f"Duplicate({view}, {opmap.lit(exec_type, o)}, cn);")
+                    srcs.append((view, exec_type))
+            # operands in the execution type
+            args = []
+            for expr, t in srcs:
+                if t == exec_type:
+                    args.append(expr)
+                else:  # float -> half for a blacklisted op
+                    slot = self._alloc()
+                    scratch.append(slot)
+                    view = self._view(slot, exec_type)
+                    self._vec(f"Cast({view}, {expr}, RoundMode::CAST_RINT, cn);")
+                    args.append(view)
+            temps = []
+            for _ in range(opmap.temps_for(mapping, exec_type)):
+                slot = self._alloc()
+                scratch.append(slot)
+                temps.append(self._view(slot, exec_type))
+            ref = ir.Ref("%", k)
+            if ref in direct:
+                dst, dst_slot = f"y{direct[ref]}", None
+            else:
+                dst_slot = self._alloc()
+                dst = self._view(dst_slot, ctype)
+            extra = {"alpha": opmap.alpha_of(inst.attrs)} if inst.op == "LeakyRelu" else {}
+            if exec_type == ctype:
+                self._vec(*mapping.emit(exec_type, dst, args, "cn", temps, **extra))
+            else:
+                hslot = self._alloc()
+                scratch.append(hslot)
+                hdst = self._view(hslot, exec_type)
+                self._vec(*mapping.emit(exec_type, hdst, args, "cn", temps, **extra))
+                self._vec(f"Cast({dst}, {hdst}, RoundMode::CAST_NONE, cn);")
+            loc[ref] = (dst, ctype, dst_slot)
+            for slot in scratch:
+                self._release(slot)
+            for o in set(x for x in inst.operands if isinstance(x, ir.Ref)):
+                if last_use.get(o) == k and o not in output_refs:
+                    self._drop(o, loc)
+
+        # outputs not written in place
+        for j, ref in enumerate(output_refs):
+            if out_reduced[j]:
+                continue  # written once a row, in RowEnd
+            if ref in direct and loc[ref][0] == f"y{j}":
+                continue
+            if (ref.kind == "in" and self.queued[ref.index]
+                    and CTYPE[p.inputs[ref.index].dtype] == out_types[j]):
+                expr, t = f"x{ref.index}", out_types[j]
+            else:
+                expr, t = self._operand(ref, loc)
+            if t == out_types[j]:
+                self._vec(f"DataCopy(y{j}, {expr}, cn);")
+            else:
+                self._vec(f"Cast(y{j}, {expr}, RoundMode::CAST_RINT, cn);")
+
+        buffers = [(f"in{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(in_types)
+                   if self.queued[k]]
+        buffers += [(f"out{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(out_types)
+                    if not out_reduced[k]]
+        buffers += [(f"scratch{s}", 4, 1) for s in range(self.slots)]
+        fixed = 32 * len(self.reductions) + 32 * tiling.BUFFER_NUM * sum(out_reduced)
+        fixed += 32 if any(op == "Mean" for _, op in self.reductions) else 0
+        ub = tiling.plan_ub(buffers, fixed)
+        if ub.max_tile < tiling.ALIGN_ELEMS:
+            raise _Refused(f"does not fit in UB: {ub.bytes_per_element} bytes per element, "
+                           f"{tiling.ALIGN_ELEMS} elements need more than the "
+                           f"{tiling.UB_BUDGET}-byte budget")
+        sources = {
+            f"{self.name}_tiling.h": self._tiling_header(),
+            f"{self.name}_kernel.cpp": self._kernel_source(in_types, out_types, ub),
+            f"{self.name}_host.cpp": self._host_source(in_types, out_types, ub),
+        }
+        rank = 0 if self.split is None else max(len(i.view) for i in p.inputs)
+        return Kernel(self.name, p.text, True, "", sources, ub, tuple(in_types), tuple(out_types),
+                      tuple(self.half_ops), self.split, tuple(self.patterns) if self.split is not None else (),
+                      rank, tuple(out_reduced))
+
+    def _operand(self, ref, loc):
+        """The tensor holding `ref` in its compute type; 16-bit inputs are Cast up on first use."""
+        if ref not in loc and ref.kind == "in" and not self.queued[ref.index]:
+            # a broadcast column / scalar: one GM element for the whole tile
+            ctype = STORAGE[self.p.inputs[ref.index].dtype]
+            slot = self._alloc()
+            view = self._view(slot, ctype)
+            index = "o" if self.patterns[ref.index] == "col" else "0"
+            self._vec(f"Duplicate({view}, static_cast<{ctype}>(in{ref.index}Gm.GetValue({index})), cn);")
+            loc[ref] = (view, ctype, slot)
+        if ref not in loc:  # a 16-bit input: widen it into a scratch slot
+            slot = self._alloc()
+            view = self._view(slot, "float")
+            self._vec(f"Cast({view}, x{ref.index}, RoundMode::CAST_NONE, cn);")
+            loc[ref] = (view, "float", slot)
+        expr, t, _ = loc[ref]
+        return expr, t
+
+    def _drop(self, ref, loc):
+        expr, t, slot = loc.get(ref, (None, None, None))
+        if slot is not None:
+            self._release(slot)
+            del loc[ref]
+
+    # ---- sources -------------------------------------------------------------------------
+    def _tiling_header(self) -> str:
+        guard = f"{self.name.upper()}_TILING_H_"
+        return (f"// Tiling data of {self.name}: computed on the host, read by the kernel.\n"
+                f"#ifndef {guard}\n#define {guard}\n#include <cstdint>\n\n"
+                f"{tiling.cpp_struct(self.name + '_TilingData', self.split is not None)}\n"
+                f"#endif  // {guard}\n")
+
+    def _kernel_source(self, in_types, out_types, ub) -> str:
+        n = self.name
+        nin, nout = len(in_types), len(out_types)
+        program = "".join(f"//   {line}\n" for line in self.p.text.splitlines())
+        gm_args = ", ".join([f"GM_ADDR in{k}" for k in range(nin)] + [f"GM_ADDR out{k}" for k in range(nout)])
+        gm_names = ", ".join([f"in{k}" for k in range(nin)] + [f"out{k}" for k in range(nout)])
+        members = []
+        for k, t in enumerate(in_types):
+            if self.queued[k]:
+                members.append(f"  TQue<TPosition::VECIN, BUFFER_NUM> inQue{k};")
+            members.append(f"  GlobalTensor<{t}> in{k}Gm;")
+        for k, t in enumerate(out_types):
+            members.append(f"  TQue<TPosition::VECOUT, BUFFER_NUM> outQue{k};")
+            members.append(f"  GlobalTensor<{t}> out{k}Gm;")
+        members += [f"  TBuf<TPosition::VECCALC> calc{s};" for s in range(self.slots)]
+        members += [f"  TBuf<TPosition::VECCALC> accBuf{a};  // row accumulator of %{op}"
+                    for a, op in self.reductions]
+        has_mean = any(op == "Mean" for _, op in self.reductions)
+        if has_mean:
+            members.append("  TBuf<TPosition::VECCALC> rowTmp;")
+        out_red = getattr(self, "out_reduced", [False] * nout)
+        bcast = self.split is not None
+        extent = {"full": "t.outer * t.inner", "row": "t.inner", "col": "t.outer", "scalar": "1"}
+        init = []
+        for k, t in enumerate(in_types):
+            if bcast:
+                init.append(f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k}, {extent[self.patterns[k]]});")
+            else:
+                init.append(f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k} + start, len);")
+            if self.queued[k]:
+                init.append(f"    pipe.InitBuffer(inQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+        for k, t in enumerate(out_types):
+            if out_red[k]:
+                init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer);")
+                init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, 32);")
+                continue
+            if bcast:
+                init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer * t.inner);")
+            else:
+                init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k} + start, len);")
+            init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+        init += [f"    pipe.InitBuffer(accBuf{a}, 32);" for a, _ in self.reductions]
+        if has_mean:
+            init.append("    pipe.InitBuffer(rowTmp, 32);")
+        init += [f"    pipe.InitBuffer(calc{s}, t.tileLength * 4);" for s in range(self.slots)]
+
+        def copy_in(k, t):
+            if not self.queued[k]:
+                return ""
+            off = "col" if bcast and self.patterns[k] == "row" else "off"
+            return f"""\
+    LocalTensor<{t}> x{k} = inQue{k}.AllocTensor<{t}>();
+    if ((n * sizeof({t})) % 32 == 0) {{
+      DataCopy(x{k}, in{k}Gm[{off}], n);
+    }} else {{
+      DataCopyExtParams copy{{1, static_cast<uint32_t>(n * sizeof({t})), 0, 0, 0}};
+      DataCopyPadExtParams<{t}> pad{{false, 0, 0, static_cast<{t}>(0)}};
+      DataCopyPad(x{k}, in{k}Gm[{off}], copy, pad);
+    }}
+    inQue{k}.EnQue(x{k});
+"""
+
+        def copy_out(k, t):
+            if out_red[k]:
+                return ""
+            return f"""\
+    LocalTensor<{t}> y{k} = outQue{k}.DeQue<{t}>();
+    if ((n * sizeof({t})) % 32 == 0) {{
+      DataCopy(out{k}Gm[off], y{k}, n);
+    }} else {{
+      DataCopyExtParams copy{{1, static_cast<uint32_t>(n * sizeof({t})), 0, 0, 0}};
+      DataCopyPad(out{k}Gm[off], y{k}, copy);
+    }}
+    outQue{k}.FreeTensor(y{k});
+"""
+
+        compute = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)
+                   if self.queued[k]]
+        compute += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();" for k, t in enumerate(out_types)
+                    if not out_red[k]]
+        compute += [f"    LocalTensor<float> acc{a} = accBuf{a}.Get<float>();" for a, _ in self.reductions]
+        if self.reduce:
+            compute.insert(0, "    PipeBarrier<PIPE_V>();  // the accumulators were written by the last tile")
+        for (slot, ctype), view in sorted(self.views.items()):
+            compute.append(f"    LocalTensor<{ctype}> {view} = calc{slot}.Get<{ctype}>();")
+        compute += [f"    {s}" for s in self.body]
+        compute += [f"    outQue{k}.EnQue(y{k});" for k in range(nout) if not out_red[k]]
+        compute += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin) if self.queued[k]]
+        row_end = ""
+        if self.reduce:
+            lines = ["    PipeBarrier<PIPE_V>();"]
+            lines += [f"    LocalTensor<float> acc{a} = accBuf{a}.Get<float>();" for a, _ in self.reductions]
+            if has_mean:
+                lines += ["    LocalTensor<float> tmp = rowTmp.Get<float>();",
+                          "    Duplicate(tmp, static_cast<float>(inner), 8);", "    PipeBarrier<PIPE_V>();"]
+                lines += [f"    Div(acc{a}, acc{a}, tmp, 1);\n    PipeBarrier<PIPE_V>();"
+                          for a, op in self.reductions if op == "Mean"]
+            for k, t in enumerate(out_types):
+                if not out_red[k]:
+                    continue
+                acc = self.p.outputs[k].ref
+                a = self.acc_of[acc.index]
+                convert = (f"Muls(r{k}, acc{a}, 1.0f, 8);" if t == "float"
+                           else f"Cast(r{k}, acc{a}, RoundMode::CAST_RINT, 8);")
+                lines.append(f"""\
+    LocalTensor<{t}> r{k} = outQue{k}.AllocTensor<{t}>();
+    {convert}
+    outQue{k}.EnQue(r{k});
+    r{k} = outQue{k}.DeQue<{t}>();
+    DataCopyExtParams copy{k}{{1, static_cast<uint32_t>(sizeof({t})), 0, 0, 0}};
+    DataCopyPad(out{k}Gm[o], r{k}, copy{k});
+    outQue{k}.FreeTensor(r{k});""")
+            row_end = ("  // The row is done: finish Mean, write each reduced output's element.\n"
+                       "  __aicore__ inline void RowEnd(uint64_t o) {\n" + "\n".join(lines) + "\n  }\n")
+        if bcast:
+            prelude = """\
+    const uint64_t first = GetBlockIdx() * t.tilesPerBlock;
+    firstTile = first;
+    lastTile = first + t.tilesPerBlock < t.totalTiles ? first + t.tilesPerBlock : t.totalTiles;
+    inner = t.inner;
+    tilesPerRow = t.tilesPerRow;
+    tileLength = t.tileLength;"""
+            process = """\
+    for (uint64_t g = firstTile; g < lastTile; ++g) {
+      const uint64_t o = g / tilesPerRow;  // outer index: the row
+      const uint64_t col = (g % tilesPerRow) * tileLength;  // inner offset in the row
+      const uint64_t off = o * inner + col;
+      const uint32_t n = static_cast<uint32_t>(inner - col < tileLength ? inner - col : tileLength);
+      CopyIn(off, col, n);
+      Compute(o, n);
+      CopyOut(off, n);
+    }"""
+            if self.reduce:
+                process = process.replace("      Compute(o, n);", "      const uint64_t j = g % tilesPerRow;\n      Compute(o, j, n);")
+                process = process.replace("      CopyOut(off, n);\n",
+                                          "      CopyOut(off, n);\n      if (j + 1 == tilesPerRow) RowEnd(o);\n")
+            copy_in_params = "uint64_t off, uint64_t col, uint32_t n"
+            compute_params = "uint64_t o, uint64_t j, uint32_t n" if self.reduce else "uint64_t o, uint32_t n"
+            state = "  uint64_t firstTile = 0, lastTile = 0, inner = 0, tilesPerRow = 0;\n  uint32_t tileLength = 0;"
+        else:
+            prelude = """\
+    const uint64_t block = GetBlockIdx();
+    const bool last = block + 1 == t.blockDim;
+    const uint64_t start = block * t.blockLength;
+    const uint64_t len = last ? t.lastBlockLength : t.blockLength;
+    tileLength = t.tileLength;
+    tileNum = last ? t.lastTileNum : t.tileNum;
+    tailLength = last ? t.lastTailLength : t.tailLength;"""
+            process = """\
+    for (uint32_t i = 0; i < tileNum; ++i) {
+      const uint32_t n = i + 1 == tileNum ? tailLength : tileLength;
+      const uint64_t off = static_cast<uint64_t>(i) * tileLength;
+      CopyIn(off, n);
+      Compute(n);
+      CopyOut(off, n);
+    }"""
+            copy_in_params = "uint64_t off, uint32_t n"
+            compute_params = "uint32_t n"
+            state = "  uint32_t tileLength = 0, tileNum = 0, tailLength = 0;"
+        schedule = ("flat" if not bcast else
+                    f"{'reduce (inner axes reduced)' if self.reduce else 'broadcast'}, outer axes [0, {self.split}), inputs "
+                    + ", ".join(f"in{k} {pat}" for k, pat in enumerate(self.patterns)))
+        half_note = ("// Computed in half (--autofuse_enhance_precision_blacklist): "
+                     + ", ".join(self.half_ops) + "\n") if self.half_ops else ""
+        return f"""\
+// Generated by tf_autofuse.codegen from the fused program:
+{program}// Schedule: {schedule}. {ub.describe()}
+{half_note}#include "kernel_operator.h"
+#include "{n}_tiling.h"
+
+using namespace AscendC;
+
+namespace {n}_impl {{
+constexpr int32_t BUFFER_NUM = {tiling.BUFFER_NUM};
+constexpr uint32_t ALIGN = {tiling.ALIGN_ELEMS};  // elements; whole 32-byte blocks of every dtype
+
+class Kernel {{
+ public:
+  __aicore__ inline Kernel() {{}}
+  __aicore__ inline void Init({gm_args}, const {n}_TilingData& t) {{
+{prelude}
+{chr(10).join(init)}
+  }}
+  __aicore__ inline void Process() {{
+{process}
+  }}
+
+ private:
+  __aicore__ inline void CopyIn({copy_in_params}) {{
+{"".join(copy_in(k, t) for k, t in enumerate(in_types))}  }}
+  __aicore__ inline void Compute({compute_params}) {{
+    const int32_t cn = static_cast<int32_t>((n + ALIGN - 1) / ALIGN * ALIGN);  // pad lanes are don't-care
+{chr(10).join(compute)}
+  }}
+  __aicore__ inline void CopyOut(uint64_t off, uint32_t n) {{
+{"".join(copy_out(k, t) for k, t in enumerate(out_types))}  }}
+{row_end}
+  TPipe pipe;
+{chr(10).join(members)}
+{state}
+}};
+
+__aicore__ inline void CopyTiling({n}_TilingData* t, GM_ADDR tiling) {{
+  uint32_t* dst = reinterpret_cast<uint32_t*>(t);
+  __gm__ uint32_t* src = reinterpret_cast<__gm__ uint32_t*>(tiling);
+  for (uint32_t i = 0; i < sizeof({n}_TilingData) / sizeof(uint32_t); ++i) dst[i] = src[i];
+}}
+}}  // namespace {n}_impl
+
+extern "C" __global__ __aicore__ void {n}({gm_args}, GM_ADDR workspace, GM_ADDR tiling) {{
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  {n}_TilingData t;
+  {n}_impl::CopyTiling(&t, tiling);
+  if (GetBlockIdx() >= t.blockDim) return;
+  {n}_impl::Kernel op;
+  op.Init({gm_names}, t);
+  op.Process();
+}}
+"""
+
+    def _host_source(self, in_types, out_types, ub) -> str:
+        n = self.name
+        nin, nout = len(in_types), len(out_types)
+        in_sizes = ", ".join(str(SIZE[t]) for t in in_types)
+        out_sizes = ", ".join(str(SIZE[t]) for t in out_types)
+        dev_args = ", ".join([f"static_cast<uint8_t*>(dev[{k}])" for k in range(nin + nout)]
+                             + ["nullptr", f"static_cast<uint8_t*>(dev[{nin + nout}])"])
+        if self.split is None:
+            tiling_fn = tiling.cpp_function(n, n + "_TilingData", ub.max_tile)
+            tiling_call = (f'  if ({n}_tiling(a->total, core_num, 0, &t) != 0) '
+                           f'return autofuse_launch_fail(a, -1, "{n}: tiling failed");')
+            in_bytes = f"  for (int k = 0; k < {nin}; ++k) bytes[k] = a->total * {n}_IN_SIZES[k];"
+        else:
+            rank = max(len(i.view) for i in self.p.inputs)
+            tiling_fn = tiling.cpp_bcast_function(n, n + "_TilingData", ub.max_tile, self.reduce)
+            tiling_call = f"""\
+  if (a->rank != {rank} || (a->rank && !a->shape))
+    return autofuse_launch_fail(a, -1, "{n}: the iteration shape must have rank {rank}");
+  uint64_t outer = 1, inner = 1;
+  for (uint32_t d = 0; d < a->rank; ++d) (d < {self.split} ? outer : inner) *= static_cast<uint64_t>(a->shape[d]);
+  if (outer * inner != a->total) return autofuse_launch_fail(a, -1, "{n}: total != product of the shape");
+  if ({n}_tiling(outer, inner, core_num, 0, &t) != 0) return autofuse_launch_fail(a, -1, "{n}: tiling failed");"""
+            extent = {"full": "outer * inner", "row": "inner", "col": "outer", "scalar": "1"}
+            in_bytes = "\n".join(f"  bytes[{k}] = ({extent[pat]}) * {n}_IN_SIZES[{k}];"
+                                 for k, pat in enumerate(self.patterns))
+        out_red = getattr(self, "out_reduced", [False] * nout)
+        out_bytes = "\n".join(f"  bytes[{nin + k}] = {'outer' if out_red[k] else 'a->total'} * {n}_OUT_SIZES[{k}];"
+                              for k in range(nout))
+        return f"""\
+// Host side of {n}: the tiling function and the ACL launch glue.
+// Build with AUTOFUSE_WITH_ACL for the launcher (needs acl/acl.h and libascendcl.so).
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include "{n}_tiling.h"
+#include "autofuse_launch.h"
+
+{tiling_fn}
+static const uint32_t {n}_IN_SIZES[{nin}] = {{{in_sizes}}};
+static const uint32_t {n}_OUT_SIZES[{nout}] = {{{out_sizes}}};
+
+#ifdef AUTOFUSE_WITH_ACL
+#include "acl/acl.h"
+
+// Runs the kernel on host buffers: device buffers, copy in, launch with the tiling data,
+// synchronise, copy out, free. 0 on success, else an ACL error code (message in a->error).
+extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
+  if (a->abi_version != AUTOFUSE_LAUNCH_ABI || a->num_inputs != {nin} || a->num_outputs != {nout})
+    return autofuse_launch_fail(a, -1, "{n}: bad launch arguments (ABI or tensor count)");
+  aclrtStream stream = reinterpret_cast<aclrtStream>(a->stream);
+  uint32_t core_num = a->core_num;
+  aclError rc = autofuse_acl_prepare(a->device_id, &stream, &core_num);
+  if (rc != ACL_SUCCESS) return autofuse_launch_fail(a, rc, "{n}: device setup failed");
+  {n}_TilingData t;
+{tiling_call}
+  if (t.blockDim == 0) return 0;
+  void* dev[{nin + nout + 1}] = {{}};
+  uint64_t bytes[{nin + nout + 1}];
+{in_bytes}
+  for (int k = 0; k < {nin}; ++k)
+    if (a->input_elements && a->input_elements[k] * {n}_IN_SIZES[k] != bytes[k])
+      return autofuse_launch_fail(a, -1, "{n}: an input does not have the element count its view needs");
+{out_bytes}
+  bytes[{nin + nout}] = sizeof(t);
+  const char* what = "aclrtMalloc";
+  for (int k = 0; k < {nin + nout + 1} && rc == ACL_SUCCESS; ++k)
+    rc = aclrtMalloc(&dev[k], bytes[k], ACL_MEM_MALLOC_HUGE_FIRST);
+  if (rc == ACL_SUCCESS) {{
+    what = "aclrtMemcpy host->device";
+    for (int k = 0; k < {nin} && rc == ACL_SUCCESS; ++k)
+      rc = aclrtMemcpy(dev[k], bytes[k], a->inputs[k], bytes[k], ACL_MEMCPY_HOST_TO_DEVICE);
+    if (rc == ACL_SUCCESS)
+      rc = aclrtMemcpy(dev[{nin + nout}], sizeof(t), &t, sizeof(t), ACL_MEMCPY_HOST_TO_DEVICE);
+  }}
+  if (rc == ACL_SUCCESS) {{
+    what = "kernel launch";
+    rc = AUTOFUSE_LAUNCH_KERNEL({n}, t.blockDim, stream, {dev_args});
+  }}
+  if (rc == ACL_SUCCESS) {{
+    what = "aclrtSynchronizeStream";
+    rc = aclrtSynchronizeStream(stream);
+  }}
+  if (rc == ACL_SUCCESS) {{
+    what = "aclrtMemcpy device->host";
+    for (int k = 0; k < {nout} && rc == ACL_SUCCESS; ++k)
+      rc = aclrtMemcpy(a->outputs[k], bytes[{nin} + k], dev[{nin} + k], bytes[{nin} + k],
+                       ACL_MEMCPY_DEVICE_TO_HOST);
+  }}
+  for (int k = 0; k < {nin + nout + 1}; ++k)
+    if (dev[k]) aclrtFree(dev[k]);
+  if (rc != ACL_SUCCESS) return autofuse_launch_fail(a, rc, what);
+  if (a->tiling_out) std::memcpy(a->tiling_out, &t, sizeof(t));
+  return 0;
+}}
+
+#ifdef AUTOFUSE_SINGLE_KERNEL
+extern "C" int autofuse_npu_launch(const AutofuseLaunchArgs* a) {{ return {n}_launch(a); }}
+extern "C" const char* autofuse_npu_kernel_name() {{ return "{n}"; }}
+#endif
+#endif  // AUTOFUSE_WITH_ACL
+"""

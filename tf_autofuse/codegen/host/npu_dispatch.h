@@ -1,0 +1,97 @@
+// NPU dispatch for the AutofuseKernel op kernel: loads a kernel library built by
+// tf_autofuse.codegen (cann.build_npu; its path is in the node attr `_autofuse_npu_library`)
+// and runs it through its ACL launcher. Header-only, needs only dlopen.
+//
+// Hook (kernel.cc), in the constructor:
+//   std::string lib;
+//   if (ctx->GetAttr("_autofuse_npu_library", &lib).ok() && !lib.empty())
+//     npu_ = tf_autofuse::npu::Launcher::Open(lib, &why);   // null: CPU path (log `why` once)
+// and at the top of Compute, once the output tensors are allocated:
+//   if (npu_ && npu_->Run(input_ptrs, output_ptrs, iteration_elements, &error, 0, 0, nullptr,
+//                         iteration_shape, input_num_elements)) return;
+//   // else: LOG(WARNING) once with `error`, npu_.reset(), and run the CPU interpreter.
+// Buffers are host memory (the launcher copies them to and from the device); flat kernels expect
+// every input to hold iteration_elements values, broadcast/reduce kernels read the inputs in
+// their views and need iteration_shape; reduced outputs hold one value per outer position.
+// Pass input_num_elements: the launcher refuses (false, CPU path) inputs of the wrong size.
+#ifndef TF_AUTOFUSE_CODEGEN_NPU_DISPATCH_H_
+#define TF_AUTOFUSE_CODEGEN_NPU_DISPATCH_H_
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "autofuse_launch.h"
+
+namespace tf_autofuse {
+namespace npu {
+
+class Launcher {
+ public:
+  using LaunchFn = int (*)(const AutofuseLaunchArgs*);
+  using NameFn = const char* (*)();
+
+  // Loads the library; nullptr with *why when it cannot be used.
+  static std::unique_ptr<Launcher> Open(const std::string& path, std::string* why) {
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      if (why) *why = std::string("cannot load ") + path + ": " + dlerror();
+      return nullptr;
+    }
+    auto launch = reinterpret_cast<LaunchFn>(dlsym(handle, "autofuse_npu_launch"));
+    auto name = reinterpret_cast<NameFn>(dlsym(handle, "autofuse_npu_kernel_name"));
+    if (!launch || !name) {
+      if (why) *why = path + " exports no autofuse_npu_launch / autofuse_npu_kernel_name";
+      dlclose(handle);
+      return nullptr;
+    }
+    return std::unique_ptr<Launcher>(new Launcher(handle, launch, name()));
+  }
+
+  ~Launcher() { dlclose(handle_); }
+  const std::string& kernel_name() const { return name_; }
+
+  // Runs the kernel on host buffers of `total` elements each. false with *error on failure:
+  // the caller runs the CPU path. Launches are serialised (one stream per library).
+  // Broadcast kernels also need the iteration shape (`shape`); flat kernels ignore it.
+  bool Run(const std::vector<const void*>& inputs, const std::vector<void*>& outputs, uint64_t total,
+           std::string* error, uint32_t core_num = 0, int32_t device = 0, void* stream = nullptr,
+           const std::vector<int64_t>& shape = {}, const std::vector<uint64_t>& input_elements = {}) {
+    char message[512] = {0};
+    AutofuseLaunchArgs args{};
+    args.abi_version = AUTOFUSE_LAUNCH_ABI;
+    args.device_id = device;
+    args.stream = stream;
+    args.core_num = core_num;
+    args.total = total;
+    args.num_inputs = static_cast<uint32_t>(inputs.size());
+    args.inputs = inputs.data();
+    args.num_outputs = static_cast<uint32_t>(outputs.size());
+    args.outputs = outputs.data();
+    args.error = message;
+    args.error_len = sizeof(message);
+    args.rank = static_cast<uint32_t>(shape.size());
+    args.shape = shape.data();
+    args.input_elements = input_elements.empty() ? nullptr : input_elements.data();
+    std::lock_guard<std::mutex> lock(mu_);
+    int rc = launch_(&args);
+    if (rc != 0 && error) *error = name_ + ": " + message;
+    return rc == 0;
+  }
+
+ private:
+  Launcher(void* handle, LaunchFn launch, const char* name) : handle_(handle), launch_(launch), name_(name) {}
+  void* handle_;
+  LaunchFn launch_;
+  std::string name_;
+  std::mutex mu_;
+};
+
+}  // namespace npu
+}  // namespace tf_autofuse
+
+#endif  // TF_AUTOFUSE_CODEGEN_NPU_DISPATCH_H_

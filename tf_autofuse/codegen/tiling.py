@@ -1,0 +1,225 @@
+"""Tiling: how a flat kernel splits N elements over cores and UB-sized tiles.
+
+The generator fixes, per kernel, how many bytes of UB one element of a tile costs (every queue
+buffer times its buffer count, plus every scratch TBuf) and from that the largest tile that fits
+the UB budget. The host tiling function (emitted in C++ by ascendc.py, mirrored by `compute`
+here for the debug dump and the tests) then picks, for the run-time element count and core
+count, the block count, each core's share, the tile count and the tail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+UB_BYTES = 192 * 1024  # UB of one AIV core, Atlas A2/A3
+UB_RESERVED_BYTES = 8 * 1024  # kept free for the framework (the twin enforces the same)
+UB_BUDGET = UB_BYTES - UB_RESERVED_BYTES
+ALIGN_ELEMS = 128  # tile and core shares are multiples of this: 32 B of any dtype, 256 B of f16
+BUFFER_NUM = 2  # double buffering of every queue
+
+TILING_FIELDS = (  # (C type, name) in struct order; 48 bytes, no padding
+    ("uint64_t", "totalLength"),
+    ("uint64_t", "blockLength"),
+    ("uint64_t", "lastBlockLength"),
+    ("uint32_t", "blockDim"),
+    ("uint32_t", "tileLength"),
+    ("uint32_t", "tileNum"),
+    ("uint32_t", "tailLength"),
+    ("uint32_t", "lastTileNum"),
+    ("uint32_t", "lastTailLength"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class UbPlan:
+    """What one tile element costs in UB, and the largest tile that fits."""
+
+    buffers: tuple  # (name, bytes per element, buffer count)
+    bytes_per_element: int
+    max_tile: int  # elements; 0 when not even ALIGN_ELEMS fit
+    fixed: int = 0  # bytes that do not scale with the tile
+
+    def ub_bytes(self, tile: int) -> int:
+        return tile * self.bytes_per_element + self.fixed
+
+    def describe(self) -> str:
+        parts = [f"{name}: {size} B x {count}" if count else f"{name}: {size} B"
+                 for name, size, count in self.buffers]
+        return (f"{self.bytes_per_element} B of UB per tile element ({'; '.join(parts)}); "
+                f"max tile {self.max_tile} elements = {self.ub_bytes(self.max_tile)} of "
+                f"{UB_BUDGET} budget bytes")
+
+
+def plan_ub(buffers, fixed: int = 0) -> UbPlan:
+    """`fixed`: bytes that do not scale with the tile (row accumulators), 32-byte granular."""
+    buffers = tuple(buffers)
+    if fixed:
+        buffers += (("fixed (accumulators)", fixed, 0),)
+    per_elem = sum(size * count for _, size, count in buffers)
+    tile = ((UB_BUDGET - fixed) // per_elem) // ALIGN_ELEMS * ALIGN_ELEMS if per_elem else 0
+    return UbPlan(buffers, per_elem, tile, fixed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    totalLength: int
+    blockLength: int
+    lastBlockLength: int
+    blockDim: int
+    tileLength: int
+    tileNum: int
+    tailLength: int
+    lastTileNum: int
+    lastTailLength: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def compute(total: int, core_num: int, max_tile: int) -> Tiling:
+    """The host tiling function (same arithmetic as the emitted C++)."""
+    if total <= 0 or core_num <= 0:
+        return Tiling(max(total, 0), 0, 0, 0, max_tile, 0, 0, 0, 0)
+    units = _ceil(total, ALIGN_ELEMS)
+    block_dim = min(core_num, units)
+    block_len = _ceil(units, block_dim) * ALIGN_ELEMS
+    block_dim = _ceil(total, block_len)
+    last_len = total - (block_dim - 1) * block_len
+    tile = min(max_tile, block_len)
+
+    def split(length):
+        num = _ceil(length, tile)
+        return num, length - (num - 1) * tile
+
+    tile_num, tail = split(block_len)
+    last_num, last_tail = split(last_len)
+    return Tiling(total, block_len, last_len, block_dim, tile, tile_num, tail, last_num, last_tail)
+
+
+BCAST_FIELDS = (  # the broadcast schedule: tiles are chunks of one row of the [outer, inner] view
+    ("uint64_t", "outer"),
+    ("uint64_t", "inner"),
+    ("uint64_t", "tilesPerRow"),
+    ("uint64_t", "totalTiles"),
+    ("uint64_t", "tilesPerBlock"),
+    ("uint32_t", "blockDim"),
+    ("uint32_t", "tileLength"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BcastTiling:
+    outer: int
+    inner: int
+    tilesPerRow: int
+    totalTiles: int
+    tilesPerBlock: int
+    blockDim: int
+    tileLength: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def compute_bcast(outer: int, inner: int, core_num: int, max_tile: int, rows: bool = False) -> BcastTiling:
+    """rows: blocks take whole rows (the reduce schedule)."""
+    if outer <= 0 or inner <= 0 or core_num <= 0:
+        return BcastTiling(max(outer, 0), max(inner, 0), 0, 0, 0, 0, max_tile)
+    tile = min(max_tile, _ceil(inner, ALIGN_ELEMS) * ALIGN_ELEMS)
+    per_row = _ceil(inner, tile)
+    total = outer * per_row
+    if rows:
+        per_block = _ceil(outer, min(core_num, outer)) * per_row
+    else:
+        per_block = _ceil(total, min(core_num, total))
+    block_dim = _ceil(total, per_block)
+    return BcastTiling(outer, inner, per_row, total, per_block, block_dim, tile)
+
+
+def cpp_bcast_function(kernel: str, struct: str, max_tile: int, rows: bool = False) -> str:
+    """`int KERNEL_tiling(outer, inner, core_num, tile_override, out)`."""
+    if rows:
+        split = ("  uint64_t block_dim = outer < core_num ? outer : core_num;  // whole rows a block\n"
+                 "  uint64_t per_block = (outer + block_dim - 1) / block_dim * per_row;")
+    else:
+        split = ("  uint64_t block_dim = total < core_num ? total : core_num;\n"
+                 "  uint64_t per_block = (total + block_dim - 1) / block_dim;")
+    return f"""\
+static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
+static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
+
+// Tiles are chunks of one row of the [outer, inner] iteration view (the tile: the UB maximum, or
+// the row rounded up to {ALIGN_ELEMS}); the outer x tilesPerRow tiles are dealt to at most core_num
+// blocks in equal runs. tile_override != 0 forces the tile (tests).
+extern "C" int {kernel}_tiling(uint64_t outer, uint64_t inner, uint32_t core_num,
+                               uint32_t tile_override, {struct}* t) {{
+  const uint64_t align = {kernel}_ALIGN;
+  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
+  t->outer = outer;
+  t->inner = inner;
+  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
+  t->blockDim = 0;
+  t->tileLength = static_cast<uint32_t>(max_tile);
+  if (core_num == 0) return 1;
+  if (outer == 0) return 0;
+  if (inner == 0) return {2 if rows else 0};  // an empty reduction gives identities: the CPU path
+  uint64_t row = (inner + align - 1) / align * align;
+  uint64_t tile = max_tile < row ? max_tile : row;
+  uint64_t per_row = (inner + tile - 1) / tile;
+  uint64_t total = outer * per_row;
+{split}
+  t->tileLength = static_cast<uint32_t>(tile);
+  t->tilesPerRow = per_row;
+  t->totalTiles = total;
+  t->tilesPerBlock = per_block;
+  t->blockDim = static_cast<uint32_t>((total + per_block - 1) / per_block);
+  return 0;
+}}
+"""
+
+
+def cpp_struct(name: str, bcast: bool = False) -> str:
+    fields = "\n".join(f"  {ctype} {field};" for ctype, field in (BCAST_FIELDS if bcast else TILING_FIELDS))
+    return f"struct {name} {{\n{fields}\n}};\n"
+
+
+def cpp_function(kernel: str, struct: str, max_tile: int) -> str:
+    """`int KERNEL_tiling(total, core_num, tile_override, out)`: 0, or 1 for a bad argument."""
+    return f"""\
+static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
+static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
+
+// Picks the block count (at most core_num, at least {ALIGN_ELEMS} elements a core), each core's
+// share (a multiple of {ALIGN_ELEMS}; the last core takes the rest), the tile (the UB maximum, or
+// less for small shares) and the tail tile of each kind of core. tile_override != 0 forces the
+// tile (tests).
+extern "C" int {kernel}_tiling(uint64_t total, uint32_t core_num, uint32_t tile_override,
+                               {struct}* t) {{
+  const uint64_t align = {kernel}_ALIGN;
+  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
+  t->totalLength = total;
+  t->blockLength = t->lastBlockLength = 0;
+  t->blockDim = t->tileNum = t->tailLength = t->lastTileNum = t->lastTailLength = 0;
+  t->tileLength = static_cast<uint32_t>(max_tile);
+  if (total == 0 || core_num == 0) return core_num == 0 ? 1 : 0;
+  uint64_t units = (total + align - 1) / align;
+  uint64_t block_dim = units < core_num ? units : core_num;
+  uint64_t block_len = (units + block_dim - 1) / block_dim * align;
+  block_dim = (total + block_len - 1) / block_len;
+  uint64_t last_len = total - (block_dim - 1) * block_len;
+  uint64_t tile = max_tile < block_len ? max_tile : block_len;
+  t->blockDim = static_cast<uint32_t>(block_dim);
+  t->blockLength = block_len;
+  t->lastBlockLength = last_len;
+  t->tileLength = static_cast<uint32_t>(tile);
+  t->tileNum = static_cast<uint32_t>((block_len + tile - 1) / tile);
+  t->tailLength = static_cast<uint32_t>(block_len - (t->tileNum - 1) * tile);
+  t->lastTileNum = static_cast<uint32_t>((last_len + tile - 1) / tile);
+  t->lastTailLength = static_cast<uint32_t>(last_len - (t->lastTileNum - 1) * tile);
+  return 0;
+}}
+"""

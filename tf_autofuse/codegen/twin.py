@@ -1,0 +1,267 @@
+"""The CPU twin: generated kernels built with g++ against twin/kernel_operator.h and run here.
+
+`build(kernels)` compiles any number of kernels into one shared library (one compiler run: batch
+them, the header is the expensive part); `TwinLibrary.run(name, inputs, core_num)` runs one
+kernel over numpy arrays block by block and returns its outputs and tiling, or raises TwinError
+with the rule the kernel broke. `build(kernels, acl=True)` adds each kernel's ACL launcher, linked
+against the stand-in runtime (`stub_library()`, a libascendcl.so that executes the twin kernel),
+so that the launch glue runs end to end: `TwinLibrary.launch(...)`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from . import build as _build
+from . import tiling as _tiling
+from .ascendc import Kernel
+
+NUMPY = {"half": np.float16, "bfloat16_t": np.uint16, "float": np.float32, "int32_t": np.int32}
+CXXFLAGS = ["-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wno-unused-variable",
+            "-Wno-unused-but-set-variable"]
+
+
+class TwinError(RuntimeError):
+    """The twin caught generated code breaking a hardware rule (or the launch failed)."""
+
+
+class _Tiling(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64 if ctype == "uint64_t" else ctypes.c_uint32)
+                for ctype, name in _tiling.TILING_FIELDS]
+
+    def as_tiling(self) -> _tiling.Tiling:
+        return _tiling.Tiling(**{name: getattr(self, name) for _, name in _tiling.TILING_FIELDS})
+
+
+class _BcastTiling(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64 if ctype == "uint64_t" else ctypes.c_uint32)
+                for ctype, name in _tiling.BCAST_FIELDS]
+
+    def as_tiling(self) -> _tiling.BcastTiling:
+        return _tiling.BcastTiling(**{name: getattr(self, name) for _, name in _tiling.BCAST_FIELDS})
+
+
+class _LaunchArgs(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("device_id", ctypes.c_int32),
+                ("stream", ctypes.c_void_p), ("core_num", ctypes.c_uint32),
+                ("total", ctypes.c_uint64), ("num_inputs", ctypes.c_uint32),
+                ("inputs", ctypes.POINTER(ctypes.c_void_p)), ("num_outputs", ctypes.c_uint32),
+                ("outputs", ctypes.POINTER(ctypes.c_void_p)), ("tiling_out", ctypes.c_void_p),
+                ("error", ctypes.c_char_p), ("error_len", ctypes.c_uint32),
+                ("rank", ctypes.c_uint32), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("input_elements", ctypes.POINTER(ctypes.c_uint64))]
+
+
+def _harness(k: Kernel, acl: bool) -> str:
+    n = k.name
+    nin, nout = len(k.inputs), len(k.outputs)
+    gm = ", ".join([f"(GM_ADDR)ins[{i}]" for i in range(nin)] + [f"(GM_ADDR)outs[{i}]" for i in range(nout)])
+    extent = {"full": "total", "row": "inner", "col": "outer", "scalar": "1"}
+    patterns = k.patterns or ("full",) * nin
+    reg = "".join(f"  twin::Gm().Add(ins[{i}], ({extent[patterns[i]]}) * sizeof({t}));\n"
+                  for i, t in enumerate(k.inputs))
+    out_red = k.out_reduced or (False,) * nout
+    reg += "".join(f"  twin::Gm().Add(outs[{i}], ({'outer' if out_red[i] else 'total'}) * sizeof({t}));\n"
+                   for i, t in enumerate(k.outputs))
+    unreg = "".join(f"  twin::Gm().Remove(ins[{i}]);\n" for i in range(nin))
+    unreg += "".join(f"  twin::Gm().Remove(outs[{i}]);\n" for i in range(nout))
+    tiling_call = (f"{n}_tiling(total, core_num, tile_override, &t)" if k.split is None
+                   else f"{n}_tiling(outer, inner, core_num, tile_override, &t)")
+    text = f"""
+extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t outer, uint64_t inner,
+                            uint32_t core_num, uint32_t tile_override, void* tiling_out, char* err,
+                            uint32_t err_len) {{
+  {n}_TilingData t;
+  const uint64_t total = outer * inner;
+  if ({tiling_call} != 0) {{
+    std::snprintf(err, err_len, "tiling failed");
+    return 1;
+  }}
+  if (tiling_out) std::memcpy(tiling_out, &t, sizeof(t));
+  if (t.blockDim == 0) return 0;
+  std::vector<uint8_t> tiling_gm(sizeof(t));
+  std::memcpy(tiling_gm.data(), &t, sizeof(t));
+{reg}  twin::Gm().Add(tiling_gm.data(), tiling_gm.size());
+  std::string e = twin::RunBlocks(t.blockDim, {n}, {gm}, (GM_ADDR)nullptr, tiling_gm.data());
+{unreg}  twin::Gm().Remove(tiling_gm.data());
+  std::snprintf(err, err_len, "%s", e.c_str());
+  return e.empty() ? 0 : 2;
+}}
+"""
+    if acl:
+        params = ", ".join(f"uint8_t* a{i}" for i in range(nin + nout + 2))
+        args = ", ".join(f"(GM_ADDR)c->args[{i}]" for i in range(nin + nout + 2))
+        text += f"""
+struct {n}_launch_ctx {{ uint32_t block_dim; uint8_t* args[{nin + nout + 2}]; }};
+static const char* {n}_run_ctx(void* p) {{
+  static thread_local std::string error;
+  {n}_launch_ctx* c = static_cast<{n}_launch_ctx*>(p);
+  for (uint8_t* a : c->args) if (a) twin::Gm().Add(a, twinAclDeviceSize(a));
+  error = twin::RunBlocks(c->block_dim, {n}, {args});
+  for (uint8_t* a : c->args) if (a) twin::Gm().Remove(a);
+  delete c;
+  return error.c_str();
+}}
+// What the toolchain's launch stub does on hardware: check the arguments, queue the kernel.
+static aclError twin_launch_{n}(uint32_t block_dim, aclrtStream stream, {params}) {{
+  {n}_launch_ctx* c = new {n}_launch_ctx{{block_dim, {{{", ".join(f"a{i}" for i in range(nin + nout + 2))}}}}};
+  for (int i = 0; i < {nin + nout + 2}; ++i) {{
+    if (i == {nin + nout}) continue;  // workspace: none
+    if (twinAclDeviceSize(c->args[i]) == 0) {{ delete c; return ACL_ERROR_INVALID_PARAM; }}
+  }}
+  const void* used[{nin + nout + 2}];
+  for (int i = 0; i < {nin + nout + 2}; ++i) used[i] = c->args[i];
+  aclError rc = twinAclEnqueue(stream, {n}_run_ctx, c, block_dim, used, {nin + nout + 2});
+  if (rc != ACL_SUCCESS) delete c;
+  return rc;
+}}
+"""
+    return text
+
+
+def _wrapper(kernels, acl: bool) -> str:
+    lines = ["// CPU twin build of generated kernels (tf_autofuse.codegen.twin).",
+             "#include <cstdio>", "#include <cstring>", "#include <string>", "#include <vector>",
+             '#include "kernel_operator.h"']
+    if acl:
+        lines.append('#include "acl/acl.h"')
+    for k in kernels:
+        lines.append(f'#include "{k.name}_kernel.cpp"')
+    for k in kernels:
+        if acl:  # the twin launch function must precede the launcher that calls it
+            lines.append(f'#include "{k.name}_tiling.h"')
+            lines.append(_harness_acl_decl(k))
+        lines.append(f'#include "{k.name}_host.cpp"')
+        lines.append(_harness(k, acl=False))
+    return "\n".join(lines) + "\n"
+
+
+def _harness_acl_decl(k: Kernel) -> str:
+    # The acl harness part (launch context + twin_launch_NAME) without the twin_run function.
+    full = _harness(k, acl=True)
+    return full[full.index(f"\nstruct {k.name}_launch_ctx"):]
+
+
+def stub_library() -> Path:
+    """Build (once) the stand-in libascendcl.so."""
+    src = (_build.TWIN_DIR / "acl_stub.cpp").read_text()
+    key = _build.key_of(src, (_build.TWIN_DIR / "acl" / "acl.h").read_text(), _build.cxx(), CXXFLAGS)
+    command = [_build.cxx(), *CXXFLAGS, f"-I{_build.TWIN_DIR}", "acl_stub.cpp", "-o", "libascendcl.so"]
+    return _build.cached_build("twin_acl", key, {"acl_stub.cpp": src}, [command], "libascendcl.so")
+
+
+def build(kernels, acl: bool = False, single: bool = False) -> "TwinLibrary":
+    kernels = list(kernels)
+    key, files, command = plan(kernels, acl, single)
+    path = _build.cached_build("twin", key, files, [command], "libtwin.so")
+    return TwinLibrary(path, {k.name: k for k in kernels})
+
+
+def plan(kernels, acl: bool = False, single: bool = False):
+    """(cache key, files, g++ command) of a twin build."""
+    for k in kernels:
+        if not k.ok:
+            raise ValueError(f"{k.name} was not generated: {k.reason}")
+    files = {}
+    for k in kernels:
+        files.update(k.sources)
+    files["twin_main.cpp"] = _wrapper(kernels, acl)
+    flags = [*CXXFLAGS, f"-I{_build.TWIN_DIR}", f"-I{_build.HOST_DIR}", "-I{dir}"]
+    link = []
+    if acl:
+        flags += ["-DAUTOFUSE_WITH_ACL", "-DAUTOFUSE_TWIN"]
+        if single:
+            flags.append("-DAUTOFUSE_SINGLE_KERNEL")
+        stub = stub_library()
+        link = [f"-L{stub.parent}", "-lascendcl", f"-Wl,-rpath,{stub.parent}"]
+    key = _build.key_of(_build.support_digest(), _build.cxx(), flags, link,
+                        *(f"{n}\0{t}" for n, t in sorted(files.items())))
+    command = [_build.cxx(), *flags, "twin_main.cpp", "-o", "libtwin.so", *link]
+    return key, files, command
+
+
+class TwinLibrary:
+    def __init__(self, path: Path, kernels: dict):
+        self.path = path
+        self.kernels = kernels
+        self.lib = ctypes.CDLL(str(path))
+
+    def _buffers(self, kernel: Kernel, inputs):
+        """(flat input arrays, output arrays, outer, inner, iteration shape)."""
+        if len(inputs) != len(kernel.inputs):
+            raise ValueError(f"{kernel.name} takes {len(kernel.inputs)} inputs")
+        arrays = [np.ascontiguousarray(a, dtype=NUMPY[c]) for c, a in zip(kernel.inputs, inputs)]
+        if kernel.split is None:
+            total = arrays[0].size
+            if any(a.size != total for a in arrays):
+                raise ValueError("flat kernels take inputs of one element count")
+            shape, outer, inner = (total,), 1, total
+        else:  # inputs come in their view shapes; the iteration shape is their broadcast
+            shape = np.broadcast_shapes(*[a.shape for a in arrays])
+            shape = (1,) * (kernel.rank - len(shape)) + tuple(shape)
+            outer, inner = kernel.outer_inner(shape)
+            total = outer * inner
+        red = kernel.out_reduced or (False,) * len(kernel.outputs)
+        outs = [np.full(outer if r else total, 0x7B, dtype=NUMPY[c]) for c, r in zip(kernel.outputs, red)]
+        return [a.reshape(-1) for a in arrays], outs, outer, inner, shape
+
+    @staticmethod
+    def _shaped(kernel: Kernel, outs, shape):
+        if kernel.split is None:
+            return outs
+        red = kernel.out_reduced or (False,) * len(outs)
+        kept = tuple(shape[:kernel.split]) + (1,) * (len(shape) - kernel.split)
+        return [o.reshape(kept if r else shape) for o, r in zip(outs, red)]
+
+    def run(self, name: str, inputs, core_num: int, tile_override: int = 0):
+        """(outputs, tiling) of one run of kernel `name`; TwinError on a broken rule."""
+        kernel = self.kernels[name]
+        arrays, outs, outer, inner, shape = self._buffers(kernel, inputs)
+        ins_p = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+        outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
+        t = _Tiling() if kernel.split is None else _BcastTiling()
+        err = ctypes.create_string_buffer(4096)
+        fn = getattr(self.lib, f"{name}_twin_run")
+        fn.restype = ctypes.c_int
+        rc = fn(ins_p, outs_p, ctypes.c_uint64(outer), ctypes.c_uint64(inner), ctypes.c_uint32(core_num),
+                ctypes.c_uint32(tile_override), ctypes.byref(t), err, ctypes.c_uint32(len(err)))
+        if rc != 0:
+            raise TwinError(err.value.decode(errors="replace"))
+        return self._shaped(kernel, outs, shape), t.as_tiling()
+
+    def launch(self, name: str, inputs, core_num: int = 0, symbol: str = None):
+        """Run through the ACL launcher and the stand-in runtime: (outputs, tiling)."""
+        kernel = self.kernels[name]
+        arrays, outs, outer, inner, shape = self._buffers(kernel, inputs)
+        ins_p = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+        outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
+        t = _Tiling() if kernel.split is None else _BcastTiling()
+        err = ctypes.create_string_buffer(4096)
+        dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        counts = (ctypes.c_uint64 * max(1, len(arrays)))(*[a.size for a in arrays])
+        args = _LaunchArgs(1, 0, None, core_num, outer * inner, len(arrays),
+                           ctypes.cast(ins_p, ctypes.POINTER(ctypes.c_void_p)), len(outs),
+                           ctypes.cast(outs_p, ctypes.POINTER(ctypes.c_void_p)),
+                           ctypes.cast(ctypes.byref(t), ctypes.c_void_p), ctypes.cast(err, ctypes.c_char_p),
+                           len(err), kernel.rank if kernel.split is not None else 0,
+                           ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64)),
+                           ctypes.cast(counts, ctypes.POINTER(ctypes.c_uint64)))
+        fn = getattr(self.lib, symbol or f"{name}_launch")
+        fn.restype = ctypes.c_int
+        rc = fn(ctypes.byref(args))
+        if rc != 0:
+            stub = ctypes.CDLL(str(stub_library()))
+            stub.aclGetRecentErrMsg.restype = ctypes.c_char_p
+            raise TwinError(f"{err.value.decode(errors='replace')}: "
+                            f"{(stub.aclGetRecentErrMsg() or b'').decode(errors='replace')}")
+        return self._shaped(kernel, outs, shape), t.as_tiling()
+
+
+def stub_stats() -> dict:
+    stub = ctypes.CDLL(str(stub_library()))
+    out = (ctypes.c_uint64 * 6)()
+    stub.twinAclStats(out)
+    return dict(zip(("launches", "last_block_dim", "h2d_bytes", "d2h_bytes", "mallocs", "frees"), out))

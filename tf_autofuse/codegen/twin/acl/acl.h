@@ -1,0 +1,41 @@
+// Stand-in for CANN's acl/acl.h: the declarations tf_autofuse's launcher uses, with CANN's
+// names and values. Implemented by twin/acl_stub.cpp (libascendcl.so of the CPU twin).
+#ifndef TF_AUTOFUSE_TWIN_ACL_H_
+#define TF_AUTOFUSE_TWIN_ACL_H_
+#include <cstddef>
+#include <cstdint>
+
+typedef int aclError;
+typedef void* aclrtStream;
+static const aclError ACL_SUCCESS = 0;
+static const aclError ACL_ERROR_INVALID_PARAM = 100000;
+static const aclError ACL_ERROR_REPEAT_INITIALIZE = 100002;
+static const aclError ACL_ERROR_RT_AICORE_EXCEPTION = 507015;
+typedef enum { ACL_MEM_MALLOC_HUGE_FIRST = 0, ACL_MEM_MALLOC_HUGE_ONLY = 1, ACL_MEM_MALLOC_NORMAL_ONLY = 2 } aclrtMemMallocPolicy;
+typedef enum { ACL_MEMCPY_HOST_TO_HOST = 0, ACL_MEMCPY_HOST_TO_DEVICE = 1, ACL_MEMCPY_DEVICE_TO_HOST = 2,
+               ACL_MEMCPY_DEVICE_TO_DEVICE = 3 } aclrtMemcpyKind;
+typedef enum { ACL_DEV_ATTR_AICPU_CORE_NUM = 1, ACL_DEV_ATTR_AICORE_CORE_NUM = 101,
+               ACL_DEV_ATTR_VECTOR_CORE_NUM = 201 } aclrtDevAttr;
+
+extern "C" {
+aclError aclInit(const char* config_path);
+aclError aclFinalize();
+aclError aclrtSetDevice(int32_t device_id);
+aclError aclrtResetDevice(int32_t device_id);
+aclError aclrtCreateStream(aclrtStream* stream);
+aclError aclrtDestroyStream(aclrtStream stream);
+aclError aclrtGetDeviceInfo(uint32_t device_id, aclrtDevAttr attr, int64_t* value);
+aclError aclrtMalloc(void** dev_ptr, size_t size, aclrtMemMallocPolicy policy);
+aclError aclrtFree(void* dev_ptr);
+aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count, aclrtMemcpyKind kind);
+aclError aclrtSynchronizeStream(aclrtStream stream);
+const char* aclGetRecentErrMsg();
+
+// Twin-only entry points (not CANN): what the toolchain's launch stub does on hardware.
+// Size of the device allocation starting at p, 0 when p is not the start of one.
+size_t twinAclDeviceSize(const void* p);
+// Queue fn(ctx) on the stream; it runs at aclrtSynchronizeStream. fn returns "" or an error.
+aclError twinAclEnqueue(aclrtStream stream, const char* (*fn)(void* ctx), void* ctx, uint32_t block_dim,
+                        const void* const* args, uint32_t num_args);
+}
+#endif  // TF_AUTOFUSE_TWIN_ACL_H_

@@ -1,0 +1,187 @@
+// The stand-in ACL runtime (built as libascendcl.so for the CPU twin). "Device" memory is host
+// memory the stub tracks; kernels queued on a stream run at aclrtSynchronizeStream. It fails
+// loudly on what would break on a device: copies in the wrong direction or outside an
+// allocation, kernel arguments that are not device pointers, reading results before the
+// stream is synchronised, use before aclInit / aclrtSetDevice, leaked or double-freed memory.
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "acl/acl.h"
+
+namespace {
+struct Pending {
+  const char* (*fn)(void*);
+  void* ctx;
+  std::vector<const void*> args;  // device buffers the launch may write
+};
+struct Stream {
+  std::vector<Pending> pending;
+};
+std::mutex mu;
+bool initialised = false;
+int32_t device = -1;
+std::map<uintptr_t, size_t> allocations;
+std::string last_error;
+struct Stats {
+  uint64_t launches = 0, last_block_dim = 0, h2d_bytes = 0, d2h_bytes = 0, mallocs = 0, frees = 0;
+} stats;
+
+aclError Fail(aclError code, const std::string& what) {
+  last_error = "twin ACL: " + what;
+  return code;
+}
+bool InDevice(const void* p, size_t bytes) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations.upper_bound(a);
+  if (it == allocations.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + it->second;
+}
+std::vector<Stream*> streams;
+// Does a launch not yet synchronised use the device allocation holding p?
+bool WrittenByPendingLaunch(const void* p) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (Stream* s : streams)
+    for (const auto& work : s->pending)
+      for (const void* arg : work.args) {
+        auto it = allocations.find(reinterpret_cast<uintptr_t>(arg));
+        if (it != allocations.end() && a >= it->first && a < it->first + it->second) return true;
+      }
+  return false;
+}
+}  // namespace
+
+extern "C" {
+aclError aclInit(const char*) {
+  std::lock_guard<std::mutex> l(mu);
+  if (initialised) return ACL_ERROR_REPEAT_INITIALIZE;
+  initialised = true;
+  return ACL_SUCCESS;
+}
+aclError aclFinalize() {
+  std::lock_guard<std::mutex> l(mu);
+  initialised = false;
+  return ACL_SUCCESS;
+}
+aclError aclrtSetDevice(int32_t id) {
+  std::lock_guard<std::mutex> l(mu);
+  if (!initialised) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtSetDevice before aclInit");
+  if (id != 0) return Fail(ACL_ERROR_INVALID_PARAM, "the twin has device 0 only");
+  device = id;
+  return ACL_SUCCESS;
+}
+aclError aclrtResetDevice(int32_t) {
+  std::lock_guard<std::mutex> l(mu);
+  device = -1;
+  return ACL_SUCCESS;
+}
+aclError aclrtCreateStream(aclrtStream* stream) {
+  std::lock_guard<std::mutex> l(mu);
+  if (device < 0) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateStream before aclrtSetDevice");
+  Stream* s = new Stream;
+  streams.push_back(s);
+  *stream = s;
+  return ACL_SUCCESS;
+}
+aclError aclrtDestroyStream(aclrtStream stream) {
+  std::lock_guard<std::mutex> l(mu);
+  for (size_t i = 0; i < streams.size(); ++i)
+    if (streams[i] == stream) {
+      delete streams[i];
+      streams.erase(streams.begin() + i);
+      return ACL_SUCCESS;
+    }
+  return Fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyStream: unknown stream");
+}
+aclError aclrtGetDeviceInfo(uint32_t, aclrtDevAttr attr, int64_t* value) {
+  const char* env = std::getenv("TWIN_ACL_VECTOR_CORES");
+  int64_t cores = env ? std::atoll(env) : 40;
+  if (attr == ACL_DEV_ATTR_VECTOR_CORE_NUM) *value = cores;
+  else if (attr == ACL_DEV_ATTR_AICORE_CORE_NUM) *value = cores / 2;
+  else return Fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDeviceInfo: attribute not modelled");
+  return ACL_SUCCESS;
+}
+aclError aclrtMalloc(void** p, size_t size, aclrtMemMallocPolicy) {
+  std::lock_guard<std::mutex> l(mu);
+  if (device < 0) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc before aclrtSetDevice");
+  if (size == 0) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc of 0 bytes");
+  *p = std::aligned_alloc(512, (size + 511) / 512 * 512);
+  std::memset(*p, 0xCD, size);
+  allocations[reinterpret_cast<uintptr_t>(*p)] = size;
+  ++stats.mallocs;
+  return ACL_SUCCESS;
+}
+aclError aclrtFree(void* p) {
+  std::lock_guard<std::mutex> l(mu);
+  auto it = allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == allocations.end()) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtFree of a pointer aclrtMalloc did not return");
+  allocations.erase(it);
+  std::free(p);
+  ++stats.frees;
+  return ACL_SUCCESS;
+}
+aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count, aclrtMemcpyKind kind) {
+  std::lock_guard<std::mutex> l(mu);
+  if (count > dest_max) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy: count > destMax");
+  bool dst_dev = InDevice(dst, count), src_dev = InDevice(src, count);
+  if (kind == ACL_MEMCPY_HOST_TO_DEVICE && (!dst_dev || src_dev))
+    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy HOST_TO_DEVICE: destination is not inside a device allocation or source is device memory");
+  if (kind == ACL_MEMCPY_DEVICE_TO_HOST) {
+    if (!src_dev || dst_dev)
+      return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy DEVICE_TO_HOST: source is not inside a device allocation or destination is device memory");
+    if (WrittenByPendingLaunch(src)) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy DEVICE_TO_HOST of a buffer that a launch not yet synchronised writes");
+  }
+  if (kind != ACL_MEMCPY_HOST_TO_DEVICE && kind != ACL_MEMCPY_DEVICE_TO_HOST)
+    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy kind not modelled");
+  std::memcpy(dst, src, count);
+  (kind == ACL_MEMCPY_HOST_TO_DEVICE ? stats.h2d_bytes : stats.d2h_bytes) += count;
+  return ACL_SUCCESS;
+}
+aclError aclrtSynchronizeStream(aclrtStream stream) {
+  std::vector<Pending> work;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    Stream* s = static_cast<Stream*>(stream);
+    bool known = false;
+    for (Stream* t : streams) known |= t == s;
+    if (!known) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeStream: unknown stream");
+    work.swap(s->pending);
+  }
+  aclError rc = ACL_SUCCESS;
+  for (Pending& p : work) {
+    const char* err = p.fn(p.ctx);
+    if (err && *err && rc == ACL_SUCCESS) rc = Fail(ACL_ERROR_RT_AICORE_EXCEPTION, err);
+  }
+  return rc;
+}
+const char* aclGetRecentErrMsg() { return last_error.c_str(); }
+
+size_t twinAclDeviceSize(const void* p) {
+  std::lock_guard<std::mutex> l(mu);
+  auto it = allocations.find(reinterpret_cast<uintptr_t>(p));
+  return it == allocations.end() ? 0 : it->second;
+}
+aclError twinAclEnqueue(aclrtStream stream, const char* (*fn)(void*), void* ctx, uint32_t block_dim,
+                        const void* const* args, uint32_t num_args) {
+  std::lock_guard<std::mutex> l(mu);
+  Stream* s = static_cast<Stream*>(stream);
+  bool known = false;
+  for (Stream* t : streams) known |= t == s;
+  if (!known) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch on an unknown stream");
+  if (block_dim == 0 || block_dim > 65535) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch: bad blockDim");
+  s->pending.push_back({fn, ctx, std::vector<const void*>(args, args + num_args)});
+  ++stats.launches;
+  stats.last_block_dim = block_dim;
+  return ACL_SUCCESS;
+}
+// Test hook: launches, last blockDim, bytes copied each way, mallocs, frees.
+void twinAclStats(uint64_t* out) {
+  std::lock_guard<std::mutex> l(mu);
+  out[0] = stats.launches; out[1] = stats.last_block_dim; out[2] = stats.h2d_bytes;
+  out[3] = stats.d2h_bytes; out[4] = stats.mallocs; out[5] = stats.frees;
+}
+}
