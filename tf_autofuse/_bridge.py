@@ -51,6 +51,10 @@ def optimize(graph_bytes: bytes, preserve, feeds, shapes, params, source: str):
                                   feeds=feeds)
         if flags.codegen_compile_debug:
             debug.dump(flags.debug_dir, graph_def, result)
+            if result.fusions:  # the Ascend C each fused kernel would run as (never raises)
+                from .codegen import dump as codegen_dump
+
+                codegen_dump.dump_codegen(flags.debug_dir, result.fusions, verify=False)
         if not result.fusions:
             return None
         return result.graph_def.SerializeToString(deterministic=True)

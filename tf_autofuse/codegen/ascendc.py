@@ -140,6 +140,8 @@ def _reduce_split(program: ir.Program):
     """The reduce schedule: one pass over each row of [outer, inner], the reduced axes being
     exactly the inner ones. (split, patterns, "") or (None, None, reason)."""
     axes_lists = {inst.attrs.get("axes") for inst in program.insts if inst.op in ir.REDUCTIONS}
+    if None in axes_lists:
+        return None, None, "a reduction without axes=[...]"
     if len(axes_lists) != 1:
         return None, None, "reductions over different axes in one program"
     views = [inp.view for inp in program.inputs]
