@@ -246,18 +246,15 @@ def test_bad_fused_node_is_invalid_argument_naming_the_node(ops, what, graph_def
         assert word in text, (word, text)
 
 
-_BYTES_BUG = pytest.mark.xfail(
-    strict=True, reason="bug in cc/program.cc or kernel.cc: the error message echoes the program "
-    "line's raw bytes: a non-UTF-8 byte makes TensorFlow's Python layer raise UnicodeDecodeError "
-    "instead of InvalidArgument; in a graph, a NUL byte cuts the message before the node's name")
+# program.cc quotes lines with control and non-ASCII bytes as \xNN (once a bug found here)
 _NON_UTF8 = b"in0: f32[4]\n%0 = Abs in0\xff\nout0 = %0"
 _NUL = b"in0: f32[4]\x00\n%0 = Abs in0\nout0 = %0"
 
 
 @pytest.mark.parametrize("mode,program", [
-    pytest.param("graph", _NON_UTF8, marks=_BYTES_BUG, id="non_utf8-graph"),
-    pytest.param("eager", _NON_UTF8, marks=_BYTES_BUG, id="non_utf8-eager"),
-    pytest.param("graph", _NUL, marks=_BYTES_BUG, id="nul-graph"),
+    pytest.param("graph", _NON_UTF8, id="non_utf8-graph"),
+    pytest.param("eager", _NON_UTF8, id="non_utf8-eager"),
+    pytest.param("graph", _NUL, id="nul-graph"),
     pytest.param("eager", _NUL, id="nul-eager"),
 ])
 def test_non_utf8_program_is_invalid_argument_naming_the_node(ops, mode, program):
@@ -300,7 +297,7 @@ rng = np.random.default_rng(int(sys.argv[1]))
 base = ["in0: f32[?]\nin1: f32[?]\n%0 = Mul in0, in1\n%1 = Exp %0\n%2 = Add %1, 1e-05\nout0 = %2\nout1 = %0",
         "in0: f16[8]\n%0 = Abs in0\n%1 = Relu6 %0\nout0 = %1",
         "in0: i32[2,4]\n%0 = Square in0\n%1 = Maximum %0, -3\nout0 = %1"]
-# (no NUL or non-UTF-8 bytes: see test_non_utf8_program_is_invalid_argument_naming_the_node)
+# (NUL and non-UTF-8 bytes: see test_non_utf8_program_is_invalid_argument_naming_the_node)
 alphabet = list("%inout0123456789,.=:[]?-+e \n") + ["Abs", "Add", "f16", "i32", "f64", "inf",
             "nan", "axes=[1]", "99999999999999999999", "-1", "%-1", "in-1", "\t"]
 inputs = {0: [tf.ones([8]), tf.ones([8])], 1: [tf.ones([8], tf.float16)],

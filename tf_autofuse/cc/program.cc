@@ -227,9 +227,26 @@ class Parser {
     line_ = lines_[number - 1];
   }
 
+  // Messages quote the program, which may hold any bytes: control and non-ASCII bytes are
+  // written as \xNN so that the message stays valid UTF-8 and is never cut at a NUL.
+  static std::string Printable(absl::string_view text) {
+    std::string out;
+    for (unsigned char c : text) {
+      if (c >= 0x20 && c < 0x7f) {
+        out.push_back(static_cast<char>(c));
+      } else {
+        static const char kHex[] = "0123456789abcdef";
+        out += "\\x";
+        out.push_back(kHex[c >> 4]);
+        out.push_back(kHex[c & 15]);
+      }
+    }
+    return out;
+  }
+
   absl::Status Error(absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("program line ", line_number_, " `", line_, "`: ", what));
+    return absl::InvalidArgumentError(absl::StrCat("program line ", line_number_, " `",
+                                                   Printable(line_), "`: ", Printable(what)));
   }
 
   // A view: known rank, at most one "?".
