@@ -241,7 +241,7 @@ def model_input_shape(model: str, quick: bool) -> tuple:
 
 
 def transformer_encoder(keras, layers=2, seq=128, width=256, heads=4, ffn=1024):
-    """tests/scripts/models.py's encoder: MultiHeadAttention, residual + LayerNormalization,
+    """The 2-layer encoder of the suite and of tests/test_models.py: MultiHeadAttention, residual + LayerNormalization,
     Dense(ffn, gelu) -> Dense(width) FFN, residual + LayerNormalization."""
     inputs = keras.Input(shape=(seq, width))
     x = inputs

@@ -8,6 +8,8 @@ Prints one JSON line: {"kernels": total, "by_type": {...}, "fused": [names...]}.
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -15,18 +17,8 @@ import tensorflow as tf
 import tf_autofuse  # noqa: F401  (registers the pass when AUTOFUSE_FLAGS enables it)
 from tf_autofuse import profiling
 
-
-def transformer_encoder(layers=2, seq=128, width=256, heads=4, ffn=1024):
-    import keras
-
-    inputs = keras.Input(shape=(seq, width))
-    x = inputs
-    for _ in range(layers):
-        attention = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=width // heads)(x, x)
-        x = keras.layers.LayerNormalization(epsilon=1e-6)(x + attention)
-        hidden = keras.layers.Dense(ffn, activation="gelu")(x)
-        x = keras.layers.LayerNormalization(epsilon=1e-6)(x + keras.layers.Dense(width)(hidden))
-    return keras.Model(inputs, x)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.workloads import transformer_encoder  # noqa: E402  (the suite's encoder)
 
 
 def build(name):
@@ -38,7 +30,7 @@ def build(name):
     if name == "efficientnetb0":
         return keras.applications.EfficientNetB0(weights=None), (224, 224, 3)
     if name == "transformer":
-        return transformer_encoder(), (128, 256)
+        return transformer_encoder(keras), (128, 256)
     raise SystemExit(f"unknown model {name!r}: resnet50, efficientnetb0 or transformer")
 
 
