@@ -13,47 +13,20 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.protobuf import rewriter_config_pb2
 
 import tf_autofuse
+from test_session import fused_kernels
+from test_session import run as session_run
 
 tf1 = tf.compat.v1
-OFF = rewriter_config_pb2.RewriterConfig.OFF
 REDUCE = {"autofuse_enable_pass": "reduce"}
 
 
-def config(fuse=True, **params):
-    cfg = tf1.ConfigProto()
-    rewrite = cfg.graph_options.rewrite_options
-    rewrite.use_plugin_optimizers = OFF  # only the named optimizer, whatever the env says
-    if fuse:
-        custom = rewrite.custom_optimizers.add()
-        custom.name = tf_autofuse.OPTIMIZER_NAME
-        for key, value in params.items():
-            custom.parameter_map[key].s = str(value).encode()
-    return cfg
-
-
 def run(build, inputs, fuse=True, **params):
-    """Build a graph (build() -> (fetches, {placeholder name: tensor})), run it once on
-    `inputs` (placeholder name -> array); returns (results, executed op type by node name)."""
-    graph = tf.Graph()
-    with graph.as_default():
-        fetches, placeholders = build()
-        with tf1.Session(graph=graph, config=config(fuse, **params)) as sess:
-            metadata = tf1.RunMetadata()
-            values = sess.run(fetches, {placeholders[k]: v for k, v in inputs.items()},
-                              options=tf1.RunOptions(output_partition_graphs=True),
-                              run_metadata=metadata)
-    executed = {}
-    for partition in metadata.partition_graphs:
-        for node in partition.node:
-            executed[node.name] = node.op
-    return values, executed
-
-
-def fused_kernels(executed):
-    return sorted(name for name, op in executed.items() if op == "AutofuseKernel")
+    """test_session.run with feeds given as {placeholder name: array}: build() returns
+    (fetches, {placeholder name: tensor}); returns (results, executed op type by node name)."""
+    return session_run(build, lambda placeholders: {placeholders[k]: v for k, v in inputs.items()},
+                       fuse, **params)
 
 
 def ulp(dtype, magnitude):
