@@ -494,32 +494,62 @@ def test_string_and_resource_tensors_nearby():
 # ---------------------------------------------------------------------------------------------
 # Resources
 
-def _rss_kib():
+MEMORY_CHILD = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+import tf_autofuse
+from tensorflow.core.protobuf import rewriter_config_pb2
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+
+def rss_kib():
     with open("/proc/self/status") as handle:
         for line in handle:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
 
+cfg = tf1.ConfigProto()
+cfg.graph_options.rewrite_options.use_plugin_optimizers = rewriter_config_pb2.RewriterConfig.OFF
+cfg.graph_options.rewrite_options.custom_optimizers.add().name = tf_autofuse.OPTIMIZER_NAME
+graph = tf.Graph()
+with graph.as_default():
+    x = tf1.placeholder(tf.float32, [256], name="x")
+    y = tf.exp(tf.nn.relu(tf.abs(x))) * tf.sigmoid(x)
+    with tf1.Session(graph=graph, config=cfg) as sess:
+        feed = {x: np.linspace(-1, 1, 256, dtype=np.float32)}
+        md = tf1.RunMetadata()
+        sess.run(y, feed, options=tf1.RunOptions(output_partition_graphs=True), run_metadata=md)
+        fused = any(n.op == "AutofuseKernel" for p in md.partition_graphs for n in p.node)
+        for _ in range(1000):  # warm up allocators and caches
+            sess.run(y, feed)
+        samples = [rss_kib()]
+        for _ in range(5):
+            for _ in range(2000):
+                sess.run(y, feed)
+            samples.append(rss_kib())
+print(json.dumps({"fused": fused, "rss_kib": samples}))
+"""
+
 
 def test_ten_thousand_runs_keep_memory_stable():
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf1.placeholder(tf.float32, [256], name="x")
-        y = tf.exp(tf.nn.relu(tf.abs(x))) * tf.sigmoid(x)
-        with tf1.Session(graph=graph, config=config()) as sess:
-            feed = {x: np.linspace(-1, 1, 256, dtype=np.float32)}
-            md = tf1.RunMetadata()
-            sess.run(y, feed, options=tf1.RunOptions(output_partition_graphs=True),
-                     run_metadata=md)
-            assert any(n.op == "AutofuseKernel" for p in md.partition_graphs for n in p.node)
-            for _ in range(1000):  # warm up allocators and caches
-                sess.run(y, feed)
-            before = _rss_kib()
-            for _ in range(10_000):
-                sess.run(y, feed)
-            growth = _rss_kib() - before
-    assert growth < 8 * 1024, f"RSS grew by {growth} KiB over 10,000 runs"
+    # A fresh process: in the suite's own process RSS moves with whatever earlier tests left
+    # behind (freed arenas, Python garbage), which is noise, not a leak of this kernel.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("AUTOFUSE_FLAGS", None)
+    proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["fused"]
+    samples = result["rss_kib"]
+    steps = [b - a for a, b in zip(samples, samples[1:])]
+    # A leak of even 100 bytes a run shows as ~200 KiB in every 2,000-run window and ~1 MiB in
+    # total; allocator noise is a few pages once. Both bounds are far from either.
+    growing = sum(step > 64 for step in steps)
+    assert growing < 4, f"RSS grew in {growing} of 5 windows of 2,000 runs: {steps} KiB"
+    assert samples[-1] - samples[0] < 4 * 1024, f"RSS grew by {samples[-1] - samples[0]} KiB over 10,000 runs"
 
 
 def test_fused_kernel_allocates_only_its_outputs():
