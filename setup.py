@@ -20,5 +20,5 @@ setup(
         "numpy",
         "protobuf",
     ],
-    extras_require={"test": ["pytest", "hypothesis"]},
+    extras_require={"test": ["pytest", "hypothesis", "mpmath"]},
 )

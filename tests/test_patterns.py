@@ -76,6 +76,7 @@ def sigmoid64(x):
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
 # --- GELU ------------------------------------------------------------------------------------------
@@ -118,6 +119,20 @@ def test_gelu_erf_form():
     reference = 0.5 * f64(x) * (1.0 + _erf(f64(x) / f64(np.float32(1.4142135623730951))))
     compare(build, {"x": x}, reference, np.float32, 1e-5,
             ["autofuse_pointwise_0_Mul_Mul_Erf_AddV2_Mul"], gone={"Erf"})  # x/c -> x*(1/c)
+
+
+@pytest.mark.parametrize("np_dtype,tf_dtype,rtol", [(np.float32, tf.float32, 1e-5),
+                                                    (np.float16, tf.float16, 4e-3)])
+def test_gelu_exact_erfc_form(np_dtype, tf_dtype, rtol):
+    # tf.nn.gelu(approximate=False), what Keras' "gelu" runs: 0.5 x erfc(-x / sqrt 2)
+    def build():
+        x = tf1.placeholder(tf_dtype, [32, 64], name="x")
+        return tf.identity(tf.nn.gelu(x, approximate=False), name="y"), {"x": x}
+    x = uniform(1, (32, 64), np_dtype)
+    c = f64(np.asarray(0.7071067811865476, np_dtype))
+    reference = 0.5 * f64(x) * _erfc(-f64(x) * c)
+    compare(build, {"x": x}, reference, np_dtype, rtol,
+            ["autofuse_pointwise_0_Mul_Neg_Mul_Erfc_Mul"], gone={"Erfc", "Neg"})
 
 
 # --- swish / SiLU with a bias ----------------------------------------------------------------------

@@ -132,6 +132,7 @@ ERROR_MODEL = {
     "Ceil": OpModel((_ZERO,), ((0, _dist_int),)),
     "Round": OpModel((_ZERO,), ((0, _dist_half),)),
     "Erf": OpModel((lambda x: 2 / np.sqrt(np.pi) * np.exp(-x * x),)),
+    "Erfc": OpModel((lambda x: 2 / np.sqrt(np.pi) * np.exp(-x * x),)),
     "Sin": OpModel((_ONE,)),
     "Cos": OpModel((_ONE,)),
     "Add": OpModel((_ONE, _ONE)),

@@ -37,7 +37,7 @@ enum class OpCode : uint8_t {
   // unary, T -> T
   kAbs, kNeg, kRelu, kRelu6, kElu, kSelu, kExp, kExpm1, kLog, kLog1p, kSqrt, kRsqrt, kSquare,
   kReciprocal, kSigmoid, kTanh, kSoftplus, kSoftsign, kSign, kFloor, kCeil, kRound, kErf, kSin,
-  kCos, kTan, kAtan, kSinh, kCosh, kLeakyRelu, kZerosLike, kOnesLike, kLogicalNot,
+  kCos, kTan, kAtan, kSinh, kCosh, kErfc, kLeakyRelu, kZerosLike, kOnesLike, kLogicalNot,
   // unary, float -> bool
   kIsNan, kIsInf, kIsFinite,
   // unary, float -> float of attr `to`

@@ -187,7 +187,7 @@ for _op in ("FloorDiv", "FloorMod"):
 for _op in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "Select",
             "IsNan", "IsInf", "IsFinite", "LogicalNot", "LogicalAnd", "LogicalOr"):
     _refuse(_op, _NEEDS_SELECT)
-for _op, _api in (("Erf", "Erf"), ("Sin", "Sin"), ("Cos", "Cos"), ("Tan", "Tan"),
+for _op, _api in (("Erf", "Erf"), ("Erfc", "Erfc"), ("Sin", "Sin"), ("Cos", "Cos"), ("Tan", "Tan"),
                   ("Atan", "Atan"), ("Pow", "Power")):
     _refuse(_op, _NEEDS_ADV % _api)
 _refuse("Cast", "Cast between program dtypes is not generated yet")

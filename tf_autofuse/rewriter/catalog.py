@@ -68,6 +68,7 @@ def _quiet(fn):
 _SELU_SCALE = 1.0507009873554805
 _SELU_ALPHA = 1.6732632423543772
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
 def _sigmoid(x):
@@ -77,6 +78,10 @@ def _sigmoid(x):
 
 def _erf_ref(x):
     return _erf(x.astype(np.float64)).astype(x.dtype) if x.size else x.copy()
+
+
+def _erfc_ref(x):
+    return _erfc(x.astype(np.float64)).astype(x.dtype) if x.size else x.copy()
 
 
 def _spec(tf_ops, ir_name, arity, dtypes, reference, ascendc=None, **more):
@@ -142,6 +147,7 @@ OPS: tuple[OpSpec, ...] = (
     _spec("Ceil", "Ceil", 1, FLOAT, np.ceil),
     _spec("Round", "Round", 1, FLOAT, np.round),  # numpy rounds half to even, as TF does
     _spec("Erf", "Erf", 1, FLOAT, _erf_ref),
+    _spec("Erfc", "Erfc", 1, FLOAT, _erfc_ref),
     _spec("Sin", "Sin", 1, FLOAT, np.sin),
     _spec("Cos", "Cos", 1, FLOAT, np.cos),
     _spec(("AddV2", "Add"), "Add", 2, FLOAT_I32, np.add, "Add"),
