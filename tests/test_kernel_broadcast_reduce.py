@@ -751,3 +751,69 @@ if __name__ == "__main__":
         benchmark()
     else:
         sys.exit(pytest.main([__file__, "-q"] + sys.argv[1:]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hoisted invariants (cc/hoist.h): instructions that read only inputs of one small shape run once
+# per run at that shape. The results must be bit-identical to the same program run on inputs
+# broadcast to the full shape beforehand (where nothing can be hoisted).
+
+HOIST_CASES = {
+    # Keras' inference BatchNormalization + Relu: mean, var, gamma, beta [C] as [1,1,1,C]
+    "batchnorm": (["x", "c", "c", "c", "c"],
+                  ["Add in1, 0.001", "Rsqrt %0", "Mul in2, %1", "Mul in3, %2", "Mul %2, in0",
+                   "Sub in4, %3", "Add %4, %5", "Relu %6"], ["%7", "%2"]),
+    # a small input read both by a hoisted instruction and by the main program
+    "shared_input": (["x", "c"], ["Mul in1, 2.5", "Add in0, in1", "Mul %1, %0", "Exp %0"],
+                     ["%2", "%3"]),
+    # a hoisted comparison (bool) selecting between a large and a small value
+    "select": (["x", "c"], ["Greater in1, 0.0", "Neg in1", "Select %0, in0, %1", "Abs %2"],
+               ["%3"]),
+    # two small shapes, a row and a column: one of them is hoisted
+    "row_and_column": (["x", "c", "col"], ["Exp in1", "Square in2", "Add in0, %0", "Mul %2, %1",
+                                           "Sqrt %1"], ["%3"]),
+}
+
+
+def _hoist_inputs(kinds, dtype, shape, rng):
+    n, h, w, c = shape
+    shapes = {"x": shape, "c": (c,), "col": (n, h, w, 1)}
+    views = {"x": None, "c": (1, 1, 1, c), "col": None}
+    values = []
+    for kind in kinds:
+        if dtype == "i32":
+            values.append(tf.constant(rng.integers(-9, 9, shapes[kind]).astype(np.int32)))
+        else:
+            values.append(cast(rng.uniform(0.1, 2.0, shapes[kind]), dtype))
+    return values, [views[k] for k in kinds]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 32, 32, 64)])
+@pytest.mark.parametrize("dtype", ["f32", "f64", "f16", "i32"])
+@pytest.mark.parametrize("case", sorted(HOIST_CASES))
+def test_hoisted_invariants_are_bit_identical(ops, case, dtype, shape):
+    kinds, lines, outputs = HOIST_CASES[case]
+    if dtype == "i32":
+        if case != "shared_input":
+            pytest.skip("float ops")
+        lines = ["Mul in1, 3", "Add in0, in1", "Mul %1, %0", "Square %0"]
+    rng = rng_for("hoist", case, dtype, shape)
+    values, views = _hoist_inputs(kinds, dtype, shape, rng)
+    small_decls = [_decl(dtype, v.shape.as_list(), view) for v, view in zip(values, views)]
+    small_decls[0] = _decl(dtype, ["?"] + list(shape[1:]))  # an unknown batch, as in a model
+    wide = [tf.broadcast_to(tf.reshape(v, view) if view else v, shape) for v, view in
+            zip(values, views)]
+    wide_decls = [_decl(dtype, shape)] * len(values)
+    touts = [values[0].dtype] * len(outputs)
+    got = run_fused(ops, program_text(small_decls, lines, outputs), values, touts)
+    want = run_fused(ops, program_text(wide_decls, lines, outputs), wide, touts)
+    for g, w in zip(got, want):
+        assert tuple(g.shape) == tuple(w.shape) == tuple(shape)
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    # and the numbers are right: one case against numpy in float64
+    if case == "batchnorm" and dtype in ("f32", "f64"):
+        x, var, gamma, mean, beta = (as_f64(v) for v in values)
+        inv = gamma / np.sqrt(var + 0.001)
+        ref = np.maximum(x * inv + (beta - mean * inv), 0)
+        np.testing.assert_allclose(as_f64(got[0]), ref, rtol=1e-5 if dtype == "f32" else 1e-12,
+                                   atol=1e-5 if dtype == "f32" else 1e-12)

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "hoist.h"
 #include "interpreter.h"
 #include "program.h"
 #include "tensorflow/core/framework/op.h"
@@ -290,13 +291,20 @@ class AutofuseKernelOp : public OpKernel {
     OP_REQUIRES_OK(ctx, LoadProgram(text, ctx->input_types(), ctx->output_types(),
                                     absl::StrCat("AutofuseKernel '", ctx->def().name(), "'"),
                                     &program));
+    num_inputs_ = static_cast<int>(program.inputs.size());
+    HoistedProgram split;
+    if (HoistInvariants(program, &split)) {  // hoist.h: invariants computed once per run
+      prologue_ = std::make_unique<Interpreter>(std::move(split.prologue));
+      prologue_inputs_ = std::move(split.prologue_inputs);
+      program = std::move(split.main);
+    }
     interpreter_ = std::make_unique<Interpreter>(std::move(program));
   }
 
   void Compute(OpKernelContext* ctx) override {
     const Program& program = interpreter_->program();
     std::vector<std::vector<int64_t>> shapes(ctx->num_inputs());
-    for (int j = 0; j < ctx->num_inputs(); ++j) {
+    for (int j = 0; j < num_inputs_; ++j) {
       const TensorShape& input_shape = ctx->input(j).shape();
       OP_REQUIRES(ctx, MatchesDecl(input_shape, program.inputs[j].shape),
                   absl::InvalidArgumentError(absl::StrCat(
@@ -306,6 +314,31 @@ class AutofuseKernelOp : public OpKernel {
       const auto dims = input_shape.dim_sizes();
       shapes[j].assign(dims.begin(), dims.end());
     }
+    // The hoisted invariants first, into temporaries the main program reads as extra inputs.
+    std::vector<Tensor> invariants;
+    if (prologue_ != nullptr) {
+      std::vector<std::vector<int64_t>> prologue_shapes;
+      IoBuffers pio;
+      for (int j : prologue_inputs_) {
+        prologue_shapes.push_back(shapes[j]);
+        pio.inputs.push_back(ctx->input(j).tensor_data().data());
+      }
+      RunShape prun;
+      const absl::Status status = prologue_->Prepare(prologue_shapes, &prun);
+      OP_REQUIRES(ctx, status.ok(),
+                  absl::InvalidArgumentError(
+                      absl::StrCat("AutofuseKernel '", name(), "': ", status.message())));
+      const Program& prologue = prologue_->program();
+      invariants.resize(prologue.outputs.size());
+      for (size_t k = 0; k < prologue.outputs.size(); ++k) {
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(ToDataType(prologue.OutputDType(k)),
+                                               TensorShape(prun.outputs[k]), &invariants[k]));
+        pio.outputs.push_back(const_cast<char*>(invariants[k].tensor_data().data()));
+        shapes.push_back(prun.outputs[k]);
+      }
+      const int64_t items = prologue_->NumItems(prun);
+      if (items > 0) prologue_->RunItems(prun, pio, 0, items);
+    }
     RunShape run;
     const absl::Status status = interpreter_->Prepare(shapes, &run);
     OP_REQUIRES(ctx, status.ok(),
@@ -313,17 +346,20 @@ class AutofuseKernelOp : public OpKernel {
                     absl::StrCat("AutofuseKernel '", name(), "': ", status.message())));
 
     IoBuffers io;
-    io.inputs.resize(ctx->num_inputs());
+    io.inputs.resize(program.inputs.size());
     io.outputs.resize(ctx->num_outputs());
-    for (int j = 0; j < ctx->num_inputs(); ++j) {
+    for (int j = 0; j < num_inputs_; ++j) {
       io.inputs[j] = ctx->input(j).tensor_data().data();
+    }
+    for (size_t k = 0; k < invariants.size(); ++k) {
+      io.inputs[num_inputs_ + k] = invariants[k].tensor_data().data();
     }
     for (int k = 0; k < ctx->num_outputs(); ++k) {
       const TensorShape shape(run.outputs[k]);
       // Only an input of exactly the output's shape (and dtype, and not broadcast).
       std::vector<int> candidates;
       for (int j : interpreter_->ForwardableInputs(run, k)) {
-        if (ctx->input(j).shape() == shape) candidates.push_back(j);
+        if (j < num_inputs_ && ctx->input(j).shape() == shape) candidates.push_back(j);
       }
       Tensor* output = nullptr;
       int forwarded = -1;
@@ -349,7 +385,10 @@ class AutofuseKernelOp : public OpKernel {
   }
 
  private:
-  std::unique_ptr<Interpreter> interpreter_;
+  int num_inputs_ = 0;                        // the node's; the main program may have more
+  std::unique_ptr<Interpreter> prologue_;     // the hoisted invariants, or null
+  std::vector<int> prologue_inputs_;          // the node input each prologue input is
+  std::unique_ptr<Interpreter> interpreter_;  // the program (its main part when hoisted)
 };
 
 }  // namespace
