@@ -93,7 +93,8 @@ class FusedProgram:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.output_views:
             object.__setattr__(self, "output_views", (None,) * len(self.outputs))
-        _check(self)
+        # checked once; the value dtypes are what the check derives
+        object.__setattr__(self, "_value_dtypes", tuple(_check(self)))
 
     def lines(self) -> list[str]:
         return (
@@ -118,7 +119,7 @@ class FusedProgram:
 
     def value_dtypes(self) -> list[str]:
         """The dtype of each instruction's result, in order."""
-        return _check(self)
+        return list(self._value_dtypes)
 
     def output_dtypes(self) -> list[str]:
         values = self.value_dtypes()
@@ -176,10 +177,10 @@ def _check_view(view, what: str, fail):
 
 def _check(program: FusedProgram) -> list[str]:
     """Raise ValueError naming the line of the first fault; return the value dtypes."""
-    lines = program.lines()
     n_in, n_inst = len(program.inputs), len(program.instructions)
 
     def fail(line_index: int, reason: str):
+        lines = program.lines()  # only for the message: rendering every program costs
         raise ValueError(f"line {line_index + 1}: {reason}: {lines[line_index]!r}")
 
     if not program.inputs or not program.instructions or not program.outputs:
