@@ -82,16 +82,21 @@ def kernel_name(node_name: str) -> str:
 
 
 def precision_blacklist(environ=None) -> frozenset:
-    """IR op names of `--autofuse_enhance_precision_blacklist=Op,...` in AUTOFUSE_FLAGS.
+    """IR op names of `--autofuse_enhance_precision_blacklist=Op,...` in AUTOFUSE_FLAGS
+    (tf_autofuse/flags.py reads and checks it): ops listed compute f16 in f16.
 
-    Read here until tf_autofuse/flags.py declares the key: ops listed compute f16 in f16."""
+    The pass passes the session's flags explicitly; this is the default of `generate` for the
+    offline tools. A flag string that does not parse is one warning and an empty list."""
+    from .. import flags
+    from .._warn import warn_once
+
     environ = os.environ if environ is None else environ
-    ops = set()
-    for item in environ.get("AUTOFUSE_FLAGS", "").split(";"):
-        key, _, value = item.strip().lstrip("-").partition("=")
-        if key.strip() == BLACKLIST_FLAG:
-            ops.update(v.strip() for v in value.split(",") if v.strip())
-    return frozenset(ops)
+    try:
+        items = flags.parse_items(environ.get(flags.FLAGS_ENV, ""), flags.FLAGS_ENV)
+    except flags.FlagError as err:
+        warn_once(f"the precision blacklist is not used: {err}")
+        return frozenset()
+    return frozenset(items.get(BLACKLIST_FLAG, frozenset()))
 
 
 def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> Kernel:
@@ -720,7 +725,7 @@ extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
   aclrtStream stream = reinterpret_cast<aclrtStream>(a->stream);
   uint32_t core_num = a->core_num;
   aclError rc = autofuse_acl_prepare(a->device_id, &stream, &core_num);
-  if (rc != ACL_SUCCESS) return autofuse_launch_fail(a, rc, "{n}: device setup failed");
+  if (rc != ACL_SUCCESS) return autofuse_acl_fail(a, rc, "device setup failed");
   {n}_TilingData t;
 {tiling_call}
   if (t.blockDim == 0) return 0;
@@ -758,7 +763,7 @@ extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
   }}
   for (int k = 0; k < {nin + nout + 1}; ++k)
     if (dev[k]) aclrtFree(dev[k]);
-  if (rc != ACL_SUCCESS) return autofuse_launch_fail(a, rc, what);
+  if (rc != ACL_SUCCESS) return autofuse_acl_fail(a, rc, what);
   if (a->tiling_out) std::memcpy(a->tiling_out, &t, sizeof(t));
   return 0;
 }}

@@ -35,6 +35,15 @@ static inline int autofuse_launch_fail(const AutofuseLaunchArgs* a, int code, co
 #ifdef AUTOFUSE_WITH_ACL
 #include "acl/acl.h"
 
+// An ACL call failed: `what`, the code and the runtime's own message (aclGetRecentErrMsg).
+static inline int autofuse_acl_fail(const AutofuseLaunchArgs* a, aclError rc, const char* what) {
+  const char* detail = aclGetRecentErrMsg();
+  if (a->error && a->error_len)
+    std::snprintf(a->error, a->error_len, "%s (error %d)%s%s", what, static_cast<int>(rc),
+                  detail && *detail ? ": " : "", detail && *detail ? detail : "");
+  return rc ? rc : -1;
+}
+
 // aclInit / aclrtSetDevice once per process, a stream of our own when the caller has none, and
 // the vector core count when the caller did not give one.
 static inline aclError autofuse_acl_prepare(int32_t device, aclrtStream* stream, uint32_t* core_num) {

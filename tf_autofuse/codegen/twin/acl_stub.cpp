@@ -3,6 +3,13 @@
 // loudly on what would break on a device: copies in the wrong direction or outside an
 // allocation, kernel arguments that are not device pointers, reading results before the
 // stream is synchronised, use before aclInit / aclrtSetDevice, leaked or double-freed memory.
+//
+// Test controls (environment, read at every call): TWIN_ACL_LOG=FILE appends one line per kernel
+// run at aclrtSynchronizeStream ("run blockDim=N ok" or "run blockDim=N error: ..."), so that a
+// test in another process can see that a launch happened; TWIN_ACL_FAIL_SYNC=1 makes every
+// synchronisation report an AI core exception (the kernel still runs; its results never leave
+// the "device"), for testing the callers' CPU fallback. TWIN_ACL_VECTOR_CORES=N: the core count.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -17,6 +24,7 @@ struct Pending {
   const char* (*fn)(void*);
   void* ctx;
   std::vector<const void*> args;  // device buffers the launch may write
+  uint32_t block_dim;
 };
 struct Stream {
   std::vector<Pending> pending;
@@ -152,9 +160,19 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
     work.swap(s->pending);
   }
   aclError rc = ACL_SUCCESS;
+  const char* inject = std::getenv("TWIN_ACL_FAIL_SYNC");
+  const bool fail = inject && *inject && std::strcmp(inject, "0") != 0;
   for (Pending& p : work) {
-    const char* err = p.fn(p.ctx);
-    if (err && *err && rc == ACL_SUCCESS) rc = Fail(ACL_ERROR_RT_AICORE_EXCEPTION, err);
+    std::string err = p.fn(p.ctx);
+    if (err.empty() && fail) err = "injected AI core exception (TWIN_ACL_FAIL_SYNC)";
+    std::lock_guard<std::mutex> l(mu);
+    if (!err.empty() && rc == ACL_SUCCESS) rc = Fail(ACL_ERROR_RT_AICORE_EXCEPTION, err);
+    if (const char* path = std::getenv("TWIN_ACL_LOG")) {
+      if (FILE* log = std::fopen(path, "a")) {
+        std::fprintf(log, "run blockDim=%u %s%s\n", p.block_dim, err.empty() ? "ok" : "error: ", err.c_str());
+        std::fclose(log);
+      }
+    }
   }
   return rc;
 }
@@ -173,7 +191,7 @@ aclError twinAclEnqueue(aclrtStream stream, const char* (*fn)(void*), void* ctx,
   for (Stream* t : streams) known |= t == s;
   if (!known) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch on an unknown stream");
   if (block_dim == 0 || block_dim > 65535) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch: bad blockDim");
-  s->pending.push_back({fn, ctx, std::vector<const void*>(args, args + num_args)});
+  s->pending.push_back({fn, ctx, std::vector<const void*>(args, args + num_args), block_dim});
   ++stats.launches;
   stats.last_block_dim = block_dim;
   return ACL_SUCCESS;
