@@ -77,7 +77,8 @@ def check(got, want64, dtype, what):
 def unary_or_binary(op, arity, dtype):
     decl = "".join(f"in{k}: {dtype}[?]\n" for k in range(arity))
     operands = ", ".join(f"in{k}" for k in range(arity))
-    return f"{decl}%0 = {op} {operands}\nout0 = %0\n"
+    attrs = " alpha=0.2" if op == "LeakyRelu" else ""
+    return f"{decl}%0 = {op} {operands}{attrs}\nout0 = %0\n"
 
 
 # One-instruction programs of every elementwise op (reductions need axes and views: they have
@@ -240,6 +241,21 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f32[4,10]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", "trailing axes"),
     ("in0: i32[4,10]\n%0 = Sum in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
     ("in0: f32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod"),
+    # the reduce generator's gaps: each one refused with its reason, never generated wrong
+    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n%3 = Sum %2 axes=[1]\n"
+     "%4 = Div %2, %3\nout0 = %4\n", "multi-pass"),  # softmax
+    ("in0: f32[?,10]\n%0 = Mean in0 axes=[1]\n%1 = SquaredDifference in0, %0\n"
+     "%2 = Mean %1 axes=[1]\nout0 = %2\n", "multi-pass"),  # variance
+    ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, 0.5\nout0 = %1\n", "arithmetic on reduced"),
+    ("in0: f32[4,6,8]\n%0 = Sum in0 axes=[0,1]\nout0 = %0\n", "trailing axes"),
+    ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "trailing axes"),
+    ("in0: i32[4,10]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
+    ("in0: f32[4,10]\n%0 = Sum in0 axes=[1]\n%1 = Prod in0 axes=[1]\nout0 = %0\nout1 = %1\n", "Prod"),
+    ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Add in1, 1.0\nout0 = %0\nout1 = %1\n",
+     "no reduction computes it"),  # a reduced-shape output from inputs only
+    ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\nout0 = %0\nout1 = in1\n",
+     "no reduction computes it"),
+    ("in0: f32[?]\n%0 = Abs in0\nout0 = %1\n", "does not parse"),
     ("in0: f32[?]\nin1: f32[?]\n%0 = Greater in0, in1\nout0 = %0\n", "bool"),
 ])
 def test_refusals_keep_the_group_on_the_cpu_path(text, why):
@@ -648,6 +664,28 @@ def test_reductions_match_numpy(reduce_kernels, cores, rows, cols):
     (sq,), _ = lib.run("reduce_f16_3d", [x3], cores)
     want = (x3.astype(np.float32) ** 2).astype(np.float64).sum(axis=(1, 2))
     np.testing.assert_allclose(sq.reshape(-1).astype(np.float64), want, rtol=2e-3)
+
+
+def test_reductions_reading_inputs_of_the_reduced_shape():
+    # [N,1] inputs: broadcast over the row in full values, and a reduction of one is x * R (Sum)
+    # or x (Max), as the CPU kernel computes it
+    texts = {"col_full": "in0: f32[?,?]\nin1: f32[?,1]\n%0 = Mul in1, 2.0\n%1 = Sub in0, %0\n"
+                         "%2 = Sum %1 axes=[1]\nout0 = %2\n",
+             "of_reduced": "in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in1 axes=[1]\n%1 = Max in1 axes=[1]\n"
+                           "%2 = Min in0 axes=[1]\nout0 = %0\nout1 = %1\nout2 = %2\n"}
+    kernels = [generate(t, n) for n, t in texts.items()]
+    assert all(k.ok for k in kernels), [k.reason for k in kernels]
+    assert kernels[1].out_reduced == (True, True, True)
+    lib = twin.build(kernels)
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-2, 2, (9, 700)).astype(np.float32)
+    m = rng.uniform(-1, 1, (9, 1)).astype(np.float32)
+    (s,), _ = lib.run("col_full", [x, m], 8)
+    np.testing.assert_allclose(s, (x - 2 * m).astype(np.float64).sum(1, keepdims=True), rtol=1e-5, atol=1e-4)
+    (s, mx, mn), _ = lib.run("of_reduced", [x, m], 8)
+    np.testing.assert_allclose(s, m * 700, rtol=1e-5)
+    np.testing.assert_array_equal(mx, m)
+    np.testing.assert_array_equal(mn, x.min(1, keepdims=True))
 
 
 def test_reduction_through_the_launcher():

@@ -172,6 +172,11 @@ def _reduce_split(program: ir.Program):
                 for o in inst.operands):
             return None, None, (f"%{k} = {inst.op} reads a reduced value over the full shape: "
                                 "multi-pass reductions (softmax, variance) are not generated yet")
+    for j, out in enumerate(program.outputs):
+        ref = out.ref
+        if program.ref_reduced_shape(ref) and not (ref.kind == "%" and program.insts[ref.index].reduced):
+            return None, None, (f"out{j} = {ref} has the reduced shape but no reduction computes it "
+                                "(it comes from inputs read as reduced values): not generated yet")
     split = axes[0]
     patterns = _patterns_at(program, split, rank)
     if patterns is None:
