@@ -390,6 +390,35 @@ def test_launcher_asks_the_device_for_its_core_count(launcher, monkeypatch):
     np.testing.assert_allclose(y, np.e, rtol=1e-6)
 
 
+def test_launches_from_other_threads_make_the_context_current(launcher):
+    # ACL contexts are per thread and TensorFlow runs a kernel on any thread of its pool
+    import ctypes
+    import threading
+
+    kernel, lib = launcher
+    x = np.linspace(-3, 3, 5000, dtype=np.float32)
+    lib.launch(kernel.name, [x], core_num=8)
+    stub = ctypes.CDLL(str(twin.stub_library()))
+    results = []
+
+    def other_thread():
+        try:
+            ptr = ctypes.c_void_p()
+            results.append(stub.aclrtMalloc(ctypes.byref(ptr), ctypes.c_size_t(64), 0))
+            stub.aclGetRecentErrMsg.restype = ctypes.c_char_p
+            results.append(stub.aclGetRecentErrMsg().decode())
+            results.append(lib.launch(kernel.name, [x], core_num=8))
+        except Exception as err:  # noqa: BLE001 - reported below
+            results.append(err)
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert results[0] != 0 and "without a current context" in results[1], results
+    assert not isinstance(results[2], Exception), results[2]
+    (y,), _ = results[2]
+    np.testing.assert_allclose(y, np.exp(np.abs(x)), rtol=1e-6)
+
+
 def test_stand_in_runtime_catches_a_launcher_without_synchronisation():
     kernel = generate(CHAIN, "mut_nosync")
     host = f"{kernel.name}_host.cpp"
