@@ -246,7 +246,9 @@ def test_blacklist_is_read_from_autofuse_flags():
      "%4 = Div %2, %3\nout0 = %4\n", "multi-pass"),  # softmax
     ("in0: f32[?,10]\n%0 = Mean in0 axes=[1]\n%1 = SquaredDifference in0, %0\n"
      "%2 = Mean %1 axes=[1]\nout0 = %2\n", "multi-pass"),  # variance
-    ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, 0.5\nout0 = %1\n", "arithmetic on reduced"),
+    ("in0: f32[?,10]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\nout0 = %1\n",
+     "mixes reduced values with inputs read as reduced"),
+    ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Erf %0\nout0 = %1\n", "advanced math"),
     ("in0: f32[4,6,8]\n%0 = Sum in0 axes=[0,1]\nout0 = %0\n", "trailing axes"),
     ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "trailing axes"),
     ("in0: i32[4,10]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
@@ -715,6 +717,40 @@ def test_reductions_reading_inputs_of_the_reduced_shape():
     np.testing.assert_allclose(s, m * 700, rtol=1e-5)
     np.testing.assert_array_equal(mx, m)
     np.testing.assert_array_equal(mn, x.min(1, keepdims=True))
+
+
+REDUCED_ARITHMETIC = {
+    "half_sum": "in0: f32[?,?]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, 0.5\nout0 = %1\n",
+    "rms": "in0: f16[?,?]\n%0 = Square in0\n%1 = Mean %0 axes=[1]\n%2 = Add %1, 1e-05\n%3 = Rsqrt %2\n"
+           "out0 = %3\nout1 = %1\n",
+    "range": "in0: f32[?,?,?]\n%0 = Max in0 axes=[1,2]\n%1 = Min in0 axes=[1,2]\n%2 = Sub %0, %1\n"
+             "%3 = LeakyRelu %2 alpha=0.5\nout0 = %3 -> [?]\n",
+}
+
+
+@pytest.fixture(scope="module")
+def reduced_arithmetic():
+    kernels = {name: generate(text, name) for name, text in REDUCED_ARITHMETIC.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    return twin.build(kernels.values())
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (5, 30_001)])
+def test_arithmetic_on_reduced_values_once_a_row(reduced_arithmetic, cores, rows, cols):
+    lib = reduced_arithmetic
+    rng = np.random.default_rng(rows * cols + cores)
+    x = rng.uniform(-2, 2, (rows, cols)).astype(np.float32)
+    (y,), _ = lib.run("half_sum", [x], cores)
+    np.testing.assert_allclose(y[:, 0], x.astype(np.float64).sum(1) * 0.5, rtol=1e-5, atol=1e-4)
+    h = rng.uniform(-2, 2, (rows, cols)).astype(np.float16)
+    (r, m), _ = lib.run("rms", [h], cores)
+    mean_sq = (h.astype(np.float32) ** 2).astype(np.float64).mean(1)
+    np.testing.assert_allclose(m[:, 0].astype(np.float64), mean_sq, rtol=2e-3)
+    np.testing.assert_allclose(r[:, 0].astype(np.float64), 1 / np.sqrt(mean_sq + 1e-5), rtol=2e-3)
+    x3 = rng.uniform(-2, 2, (rows, 3, cols)).astype(np.float32)
+    (g,), _ = lib.run("range", [x3], cores)
+    np.testing.assert_array_equal(g.reshape(-1), x3.max((1, 2)) - x3.min((1, 2)))  # >= 0: LeakyRelu is x
 
 
 def test_reduction_through_the_launcher():

@@ -105,6 +105,15 @@ def test_reduce_group_runs_on_the_stand_in_npu(child):
     np.testing.assert_array_equal(mx, arrays["reduce_unfused_1"])
 
 
+def test_arithmetic_on_a_reduced_value_runs_on_the_stand_in_npu(child):
+    report, arrays, _ = child
+    assert assert_on_npu(report, "rms", runs=1) == "autofuse_reduce_0_Square_Mean_AddV2_Rsqrt"
+    x = arrays["xr"].astype(np.float64)
+    want = 1 / np.sqrt((x * x).mean(axis=1) + 1e-5)
+    np.testing.assert_allclose(arrays["rms_fused_0"], want, rtol=1e-5)
+    np.testing.assert_allclose(arrays["rms_fused_0"], arrays["rms_unfused_0"], rtol=1e-5)
+
+
 def test_failed_launch_falls_back_to_the_cpu_with_one_warning(child):
     report, arrays, stderr = child
     name, library = only_kernel(report, "failing")

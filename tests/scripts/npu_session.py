@@ -93,6 +93,11 @@ def reduce():
             tf.reduce_max(tf.abs(x - b), axis=1, name="mx")], [x, b]
 
 
+def rms():  # arithmetic on the reduced value, once a row
+    x = tf1.placeholder(tf.float32, [48, 1000], name="x")
+    return tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=1) + 1e-5, name="y"), [x]
+
+
 def failing():
     x = tf1.placeholder(tf.float32, [32, 100], name="x")
     return tf.sigmoid(tf.tanh(x) * 2.0, name="y"), [x]
@@ -123,6 +128,7 @@ cann.set_backend_for_tests(twin.StandinBackend())
 case("pointwise", pointwise, [x32], runs=2)
 case("broadcast", broadcast, [x16, b16])
 case("reduce", reduce, [xr, br], autofuse_enable_pass="reduce")
+case("rms", rms, [xr], autofuse_enable_pass="reduce")
 
 # 3. Launches that fail: the CPU path, one warning for the kernel (two sessions, three runs).
 os.environ["TWIN_ACL_FAIL_SYNC"] = "1"

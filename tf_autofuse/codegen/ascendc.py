@@ -166,7 +166,12 @@ def _reduce_split(program: ir.Program):
         if inst.op in ir.REDUCTIONS and inst.operand_dtype == "i32":
             return None, None, f"%{k} = {inst.op}: i32 reductions are not generated (ReduceSum takes half/float)"
         if inst.op not in ir.REDUCTIONS and inst.reduced:
-            return None, None, f"%{k} = {inst.op}: arithmetic on reduced values is not generated yet"
+            continue  # computed once a row, at the row's end, from the finished reductions
+        reads_reduction = any(isinstance(o, ir.Ref) and o.kind == "%" and program.insts[o.index].reduced
+                              for o in inst.operands)
+        if inst.op not in ir.REDUCTIONS and inst.reduced_shape and reads_reduction:
+            return None, None, (f"%{k} = {inst.op} mixes reduced values with inputs read as reduced "
+                                "values: not generated yet")
         if inst.op not in ir.REDUCTIONS and any(
                 isinstance(o, ir.Ref) and o.kind == "%" and program.insts[o.index].reduced
                 for o in inst.operands):
@@ -256,6 +261,10 @@ class _Flat:
         self.reduce = program.has_reduction
         self.reductions: list = []  # (accumulator index, op)
         self.acc_of: dict = {}  # instruction index -> accumulator index
+        # arithmetic on reduced values, done once a row in RowEnd on 32-byte buffers (rowBuf<i>)
+        self.row_body: list = []
+        self.row_bufs = 0
+        self.row_loc: dict = {}  # instruction index -> the rowBuf view holding its value
         self.free: list = []
         self.slots = 0
         self.views: dict = {}  # (slot, ctype) -> C++ name of the view
@@ -331,6 +340,9 @@ class _Flat:
                 o = inst.operands[0]
                 if last_use.get(o) == k and o not in output_refs:
                     self._drop(o, loc)
+                continue
+            if self.reduce and inst.reduced:
+                self._row_end_inst(k, inst)
                 continue
             mapping = opmap.lookup(inst.op)
             why = opmap.refusal(inst.op, ctype)
@@ -411,6 +423,7 @@ class _Flat:
         buffers += [(f"scratch{s}", 4, 1) for s in range(self.slots)]
         fixed = 32 * len(self.reductions) + 32 * tiling.BUFFER_NUM * sum(out_reduced)
         fixed += 32 if any(op == "Mean" for _, op in self.reductions) else 0
+        fixed += 32 * self.row_bufs
         ub = tiling.plan_ub(buffers, fixed)
         if ub.max_tile < tiling.ALIGN_ELEMS:
             raise _Refused(f"does not fit in UB: {ub.bytes_per_element} bytes per element, "
@@ -443,6 +456,40 @@ class _Flat:
             loc[ref] = (view, "float", slot)
         expr, t, _ = loc[ref]
         return expr, t
+
+    def _row_buf(self) -> str:
+        self.row_bufs += 1
+        return f"rv{self.row_bufs - 1}"
+
+    def _row_vec(self, *statements):
+        for s in statements:
+            if self.row_body:
+                self.row_body.append("PipeBarrier<PIPE_V>();")
+            self.row_body.append(s)
+
+    def _reduced_value(self, index: int) -> str:
+        """The tensor holding reduced value %index at the row's end (lane 0)."""
+        return f"acc{self.acc_of[index]}" if index in self.acc_of else self.row_loc[index]
+
+    def _row_end_inst(self, k: int, inst):
+        """%k computed from reduced values and immediates only: once a row, in float, on one lane."""
+        mapping = opmap.lookup(inst.op)
+        why = opmap.refusal(inst.op, "float")
+        if why:
+            raise _Refused(f"%{k} = {why}")
+        args = []
+        for o in inst.operands:
+            if isinstance(o, ir.Ref):
+                args.append(self._reduced_value(o.index))
+            else:
+                view = self._row_buf()
+                self._row_vec(f"Duplicate({view}, {opmap.lit('float', o)}, 1);")
+                args.append(view)
+        temps = [self._row_buf() for _ in range(opmap.temps_for(mapping, "float"))]
+        dst = self._row_buf()
+        extra = {"alpha": opmap.alpha_of(inst.attrs)} if inst.op == "LeakyRelu" else {}
+        self._row_vec(*mapping.emit("float", dst, args, "1", temps, **extra))
+        self.row_loc[k] = dst
 
     def _drop(self, ref, loc):
         expr, t, slot = loc.get(ref, (None, None, None))
@@ -478,6 +525,8 @@ class _Flat:
         has_mean = any(op == "Mean" for _, op in self.reductions)
         if has_mean:
             members.append("  TBuf<TPosition::VECCALC> rowTmp;")
+        members += [f"  TBuf<TPosition::VECCALC> rowBuf{i};  // arithmetic on reduced values"
+                    for i in range(self.row_bufs)]
         out_red = getattr(self, "out_reduced", [False] * nout)
         bcast = self.split is not None
         extent = {"full": "t.outer * t.inner", "row": "t.inner", "col": "t.outer", "scalar": "1"}
@@ -502,6 +551,7 @@ class _Flat:
         init += [f"    pipe.InitBuffer(accBuf{a}, 32);" for a, _ in self.reductions]
         if has_mean:
             init.append("    pipe.InitBuffer(rowTmp, 32);")
+        init += [f"    pipe.InitBuffer(rowBuf{i}, 32);" for i in range(self.row_bufs)]
         init += [f"    pipe.InitBuffer(calc{s}, t.tileLength * 4);" for s in range(self.slots)]
 
         def copy_in(k, t):
@@ -555,13 +605,16 @@ class _Flat:
                           "    Duplicate(tmp, static_cast<float>(inner), 8);", "    PipeBarrier<PIPE_V>();"]
                 lines += [f"    Div(acc{a}, acc{a}, tmp, 1);\n    PipeBarrier<PIPE_V>();"
                           for a, op in self.reductions if op == "Mean"]
+            if self.row_body:
+                lines += [f"    LocalTensor<float> rv{i} = rowBuf{i}.Get<float>();" for i in range(self.row_bufs)]
+                lines += [f"    {stmt}" for stmt in self.row_body]
+                lines.append("    PipeBarrier<PIPE_V>();")
             for k, t in enumerate(out_types):
                 if not out_red[k]:
                     continue
-                acc = self.p.outputs[k].ref
-                a = self.acc_of[acc.index]
-                convert = (f"Muls(r{k}, acc{a}, 1.0f, 8);" if t == "float"
-                           else f"Cast(r{k}, acc{a}, RoundMode::CAST_RINT, 8);")
+                value = self._reduced_value(self.p.outputs[k].ref.index)
+                convert = (f"Muls(r{k}, {value}, 1.0f, 8);" if t == "float"
+                           else f"Cast(r{k}, {value}, RoundMode::CAST_RINT, 8);")
                 lines.append(f"""\
     LocalTensor<{t}> r{k} = outQue{k}.AllocTensor<{t}>();
     {convert}
@@ -570,7 +623,8 @@ class _Flat:
     DataCopyExtParams copy{k}{{1, static_cast<uint32_t>(sizeof({t})), 0, 0, 0}};
     DataCopyPad(out{k}Gm[o], r{k}, copy{k});
     outQue{k}.FreeTensor(r{k});""")
-            row_end = ("  // The row is done: finish Mean, write each reduced output's element.\n"
+            row_end = ("  // The row is done: finish Mean, compute on the reduced values, write each reduced\n"
+                       "  // output's element.\n"
                        "  __aicore__ inline void RowEnd(uint64_t o) {\n" + "\n".join(lines) + "\n  }\n")
         if bcast:
             prelude = """\
