@@ -12,7 +12,8 @@ double-buffered TQues (BUFFER_NUM = 2), scratch tensors in TBufs, the work split
 GetBlockNum() cores by the host tiling function (tiling.py). Schedules (`_schedule`):
 "flat" (every input read as the iteration shape); "broadcast" (the iteration shape cut into
 [outer, inner], inputs full / row / col / scalar, tiles are chunks of a row); "reduce" (the same
-cut at the reduced trailing axes, one pass a row, ReduceSum/Max/Min into row accumulators).
+cut at the reduced trailing axes, one pass a row, ReduceSum/Max/Min into row accumulators, and
+arithmetic on the finished reduced values once a row, in RowEnd).
 Anything else is refused with a reason.
 """
 
