@@ -77,7 +77,8 @@ def check(got, want64, dtype, what):
 def unary_or_binary(op, arity, dtype):
     decl = "".join(f"in{k}: {dtype}[?]\n" for k in range(arity))
     operands = ", ".join(f"in{k}" for k in range(arity))
-    return f"{decl}%0 = {op} {operands}\nout0 = %0\n"
+    attrs = " alpha=0.2" if op == "LeakyRelu" else ""
+    return f"{decl}%0 = {op} {operands}{attrs}\nout0 = %0\n"
 
 
 # One-instruction programs of every elementwise op (reductions need axes and views: they have
@@ -240,6 +241,23 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f32[4,10]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", "trailing axes"),
     ("in0: i32[4,10]\n%0 = Sum in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
     ("in0: f32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod"),
+    # the reduce generator's gaps: each one refused with its reason, never generated wrong
+    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n%3 = Sum %2 axes=[1]\n"
+     "%4 = Div %2, %3\nout0 = %4\n", "multi-pass"),  # softmax
+    ("in0: f32[?,10]\n%0 = Mean in0 axes=[1]\n%1 = SquaredDifference in0, %0\n"
+     "%2 = Mean %1 axes=[1]\nout0 = %2\n", "multi-pass"),  # variance
+    ("in0: f32[?,10]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\nout0 = %1\n",
+     "mixes reduced values with inputs read as reduced"),
+    ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Erf %0\nout0 = %1\n", "advanced math"),
+    ("in0: f32[4,6,8]\n%0 = Sum in0 axes=[0,1]\nout0 = %0\n", "trailing axes"),
+    ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "trailing axes"),
+    ("in0: i32[4,10]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
+    ("in0: f32[4,10]\n%0 = Sum in0 axes=[1]\n%1 = Prod in0 axes=[1]\nout0 = %0\nout1 = %1\n", "Prod"),
+    ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Add in1, 1.0\nout0 = %0\nout1 = %1\n",
+     "no reduction computes it"),  # a reduced-shape output from inputs only
+    ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\nout0 = %0\nout1 = in1\n",
+     "no reduction computes it"),
+    ("in0: f32[?]\n%0 = Abs in0\nout0 = %1\n", "does not parse"),
     ("in0: f32[?]\nin1: f32[?]\n%0 = Greater in0, in1\nout0 = %0\n", "bool"),
 ])
 def test_refusals_keep_the_group_on_the_cpu_path(text, why):
@@ -372,6 +390,35 @@ def test_launcher_asks_the_device_for_its_core_count(launcher, monkeypatch):
     (y,), t = lib.launch(kernel.name, [x], core_num=0, symbol="autofuse_npu_launch")
     assert t.blockDim == 48
     np.testing.assert_allclose(y, np.e, rtol=1e-6)
+
+
+def test_launches_from_other_threads_make_the_context_current(launcher):
+    # ACL contexts are per thread and TensorFlow runs a kernel on any thread of its pool
+    import ctypes
+    import threading
+
+    kernel, lib = launcher
+    x = np.linspace(-3, 3, 5000, dtype=np.float32)
+    lib.launch(kernel.name, [x], core_num=8)
+    stub = ctypes.CDLL(str(twin.stub_library()))
+    results = []
+
+    def other_thread():
+        try:
+            ptr = ctypes.c_void_p()
+            results.append(stub.aclrtMalloc(ctypes.byref(ptr), ctypes.c_size_t(64), 0))
+            stub.aclGetRecentErrMsg.restype = ctypes.c_char_p
+            results.append(stub.aclGetRecentErrMsg().decode())
+            results.append(lib.launch(kernel.name, [x], core_num=8))
+        except Exception as err:  # noqa: BLE001 - reported below
+            results.append(err)
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert results[0] != 0 and "without a current context" in results[1], results
+    assert not isinstance(results[2], Exception), results[2]
+    (y,), _ = results[2]
+    np.testing.assert_allclose(y, np.exp(np.abs(x)), rtol=1e-6)
 
 
 def test_stand_in_runtime_catches_a_launcher_without_synchronisation():
@@ -648,6 +695,62 @@ def test_reductions_match_numpy(reduce_kernels, cores, rows, cols):
     (sq,), _ = lib.run("reduce_f16_3d", [x3], cores)
     want = (x3.astype(np.float32) ** 2).astype(np.float64).sum(axis=(1, 2))
     np.testing.assert_allclose(sq.reshape(-1).astype(np.float64), want, rtol=2e-3)
+
+
+def test_reductions_reading_inputs_of_the_reduced_shape():
+    # [N,1] inputs: broadcast over the row in full values, and a reduction of one is x * R (Sum)
+    # or x (Max), as the CPU kernel computes it
+    texts = {"col_full": "in0: f32[?,?]\nin1: f32[?,1]\n%0 = Mul in1, 2.0\n%1 = Sub in0, %0\n"
+                         "%2 = Sum %1 axes=[1]\nout0 = %2\n",
+             "of_reduced": "in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in1 axes=[1]\n%1 = Max in1 axes=[1]\n"
+                           "%2 = Min in0 axes=[1]\nout0 = %0\nout1 = %1\nout2 = %2\n"}
+    kernels = [generate(t, n) for n, t in texts.items()]
+    assert all(k.ok for k in kernels), [k.reason for k in kernels]
+    assert kernels[1].out_reduced == (True, True, True)
+    lib = twin.build(kernels)
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-2, 2, (9, 700)).astype(np.float32)
+    m = rng.uniform(-1, 1, (9, 1)).astype(np.float32)
+    (s,), _ = lib.run("col_full", [x, m], 8)
+    np.testing.assert_allclose(s, (x - 2 * m).astype(np.float64).sum(1, keepdims=True), rtol=1e-5, atol=1e-4)
+    (s, mx, mn), _ = lib.run("of_reduced", [x, m], 8)
+    np.testing.assert_allclose(s, m * 700, rtol=1e-5)
+    np.testing.assert_array_equal(mx, m)
+    np.testing.assert_array_equal(mn, x.min(1, keepdims=True))
+
+
+REDUCED_ARITHMETIC = {
+    "half_sum": "in0: f32[?,?]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, 0.5\nout0 = %1\n",
+    "rms": "in0: f16[?,?]\n%0 = Square in0\n%1 = Mean %0 axes=[1]\n%2 = Add %1, 1e-05\n%3 = Rsqrt %2\n"
+           "out0 = %3\nout1 = %1\n",
+    "range": "in0: f32[?,?,?]\n%0 = Max in0 axes=[1,2]\n%1 = Min in0 axes=[1,2]\n%2 = Sub %0, %1\n"
+             "%3 = LeakyRelu %2 alpha=0.5\nout0 = %3 -> [?]\n",
+}
+
+
+@pytest.fixture(scope="module")
+def reduced_arithmetic():
+    kernels = {name: generate(text, name) for name, text in REDUCED_ARITHMETIC.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    return twin.build(kernels.values())
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (5, 30_001)])
+def test_arithmetic_on_reduced_values_once_a_row(reduced_arithmetic, cores, rows, cols):
+    lib = reduced_arithmetic
+    rng = np.random.default_rng(rows * cols + cores)
+    x = rng.uniform(-2, 2, (rows, cols)).astype(np.float32)
+    (y,), _ = lib.run("half_sum", [x], cores)
+    np.testing.assert_allclose(y[:, 0], x.astype(np.float64).sum(1) * 0.5, rtol=1e-5, atol=1e-4)
+    h = rng.uniform(-2, 2, (rows, cols)).astype(np.float16)
+    (r, m), _ = lib.run("rms", [h], cores)
+    mean_sq = (h.astype(np.float32) ** 2).astype(np.float64).mean(1)
+    np.testing.assert_allclose(m[:, 0].astype(np.float64), mean_sq, rtol=2e-3)
+    np.testing.assert_allclose(r[:, 0].astype(np.float64), 1 / np.sqrt(mean_sq + 1e-5), rtol=2e-3)
+    x3 = rng.uniform(-2, 2, (rows, 3, cols)).astype(np.float32)
+    (g,), _ = lib.run("range", [x3], cores)
+    np.testing.assert_array_equal(g.reshape(-1), x3.max((1, 2)) - x3.min((1, 2)))  # >= 0: LeakyRelu is x
 
 
 def test_reduction_through_the_launcher():

@@ -170,3 +170,36 @@ def test_rewriter_reads_the_flags_object():
     assert policy.reduce and policy.pointwise
     assert policy.recomputation_threshold == 2 and policy.max_inputs == 5
     assert not rewriter.policy_from_flags(read("--autofuse_disable_pass=pointwise")).pointwise
+
+
+# --- issue 6: the precision blacklist of the NPU code generator -------------------------------
+
+
+def test_precision_blacklist_default_and_values():
+    assert flags.from_env({}).autofuse_enhance_precision_blacklist == frozenset()
+    got = read("--autofuse_enhance_precision_blacklist=Exp, Mul,Exp")
+    assert got.autofuse_enhance_precision_blacklist == {"Exp", "Mul"}
+    # TF op types are read as the IR op they lower to
+    got = read("--autofuse_enhance_precision_blacklist=AddV2,RealDiv,Sqrt")
+    assert got.autofuse_enhance_precision_blacklist == {"Add", "Div", "Sqrt"}
+    params = Flags().with_overrides({"autofuse_enhance_precision_blacklist": "Tanh"}, "params")
+    assert params.autofuse_enhance_precision_blacklist == {"Tanh"}
+
+
+@pytest.mark.parametrize("main,words", [
+    ("--autofuse_enhance_precision_blacklist=Exp,Frobnicate",
+     ["--autofuse_enhance_precision_blacklist", "'Frobnicate'", "accepts", "Exp", "Mul", "Sigmoid"]),
+    ("--autofuse_enhance_precision_blacklist=Exp,", ["--autofuse_enhance_precision_blacklist", "''"]),
+    ("--autofuse_enhance_precision_blacklist=", ["--autofuse_enhance_precision_blacklist", "empty"]),
+    ("--autofuse_enhance_precision_blacklist=exp", ["unknown op 'exp'"]),
+])
+def test_bad_precision_blacklist_names_the_key_and_the_ops(main, words):
+    with pytest.raises(FlagError) as err:
+        read(main)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_precision_blacklist_belongs_in_autofuse_flags():
+    with pytest.raises(FlagError, match="belongs in AUTOFUSE_FLAGS"):
+        read(dfx="--autofuse_enhance_precision_blacklist=Exp")

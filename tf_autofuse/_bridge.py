@@ -14,6 +14,7 @@ from tensorflow.core.framework import graph_pb2
 
 from . import debug, rewriter
 from ._warn import warn_once
+from .codegen import cann
 from .flags import Flags
 
 _process_flags = Flags()
@@ -57,6 +58,7 @@ def optimize(graph_bytes: bytes, preserve, feeds, shapes, params, source: str):
                 codegen_dump.dump_codegen(flags.debug_dir, result.fusions, verify=False)
         if not result.fusions:
             return None
+        cann.attach_npu_libraries(result.graph_def, blacklist=flags.autofuse_enhance_precision_blacklist)
         return result.graph_def.SerializeToString(deterministic=True)
     except Exception as err:  # noqa: BLE001 - the pass must never break a session
         where = traceback.extract_tb(err.__traceback__)[-1]

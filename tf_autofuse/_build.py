@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cc"
+# The NPU dispatch headers the op kernel includes (npu_dispatch.h loads a generated kernel
+# library with dlopen; autofuse_launch.h is the ABI shared with the generated launchers).
+HOST_DIR = Path(__file__).resolve().parent / "codegen" / "host"
 CACHE_ENV = "TF_AUTOFUSE_CACHE_DIR"
 _OPT_FLAGS = ["-O3", "-march=native", "-fPIC", "-fvisibility-inlines-hidden",
               "-Wno-deprecated-declarations", "-Wno-ignored-attributes"]
@@ -100,6 +103,11 @@ def _sources() -> list[Path]:
     return sorted(p for p in SOURCE_DIR.iterdir() if p.suffix in (".cc", ".h"))
 
 
+def _headers() -> list[Path]:
+    """Headers from outside cc/ that the sources include (part of the cache key)."""
+    return sorted(p for p in HOST_DIR.iterdir() if p.suffix == ".h")
+
+
 def _tf_flags() -> tuple[list[str], list[str], str]:
     import tensorflow as tf
 
@@ -114,7 +122,7 @@ def build_key(cxx: str, compile_flags: list[str], link_flags: list[str], tf_vers
                  *(["unsanitized: " + " ".join(sorted(_UNSANITIZED_SOURCES))] if sanitize() else [])):
         digest.update(part.encode())
         digest.update(b"\0")
-    for path in _sources():
+    for path in _sources() + _headers():
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
@@ -128,8 +136,8 @@ def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], out: Pat
     for src in sources:
         obj = out.with_name(src.stem + ".o")
         objects.append(obj)
-        cmd = [cxx, *compile_flags, *_opt_flags(src.name), f"-I{include}", "-c", str(src), "-o",
-               str(obj)]
+        cmd = [cxx, *compile_flags, *_opt_flags(src.name), f"-I{include}", f"-I{HOST_DIR}", "-c",
+               str(src), "-o", str(obj)]
         jobs.append((src, cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                                 stderr=subprocess.STDOUT, text=True)))
         # at most os.cpu_count() compilers at once
@@ -142,7 +150,7 @@ def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], out: Pat
                              f"compiler (or set CXX to one) and that {out.parent} has free "
                              f"space:\n  {' '.join(cmd)}\n{log}")
     sanitizers = _SANITIZE_FLAGS[:1] if sanitize() else []
-    cmd = [cxx, "-shared", *sanitizers, *map(str, objects), "-o", str(out), *link_flags]
+    cmd = [cxx, "-shared", *sanitizers, *map(str, objects), "-o", str(out), *link_flags, "-ldl"]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         raise BuildError(f"linking the kernel library failed. Check that {cxx} can link "

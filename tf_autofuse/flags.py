@@ -53,6 +53,27 @@ def _parse_passes(text: str) -> tuple:
     return tuple(names)
 
 
+def _parse_op_list(text: str) -> frozenset:
+    """Op names of the fused-program IR (the catalog's `ir_name`s) or TF op types that lower to
+    one of them (AddV2 -> Add, RealDiv -> Div): the IR names."""
+    from .rewriter import catalog  # imports TensorFlow's protos: only when the flag is given
+
+    names = [part.strip() for part in text.split(",")]
+    ops = set()
+    for name in names:
+        spec = catalog.for_ir_name(name) or catalog.for_tf_op(name)
+        if not name or spec is None:
+            raise ValueError(f"unknown op {name!r}")
+        ops.add(spec.ir_name)
+    return frozenset(ops)
+
+
+def _op_names() -> str:
+    from .rewriter import catalog
+
+    return ", ".join(sorted({spec.ir_name for spec in catalog.OPS}))
+
+
 def _parse_positive(text: str) -> int:
     value = _parse_count(text)
     if value < 1:
@@ -107,9 +128,12 @@ def read_skip_list(path: str, source: str = DFX_FLAGS_ENV) -> SkipList:
 class _Spec:
     env: str
     parse: Callable[[str], object]
-    accepted: str
+    accepted: object  # str, or a function giving it (for lists read from the op table)
     default: object
     help: str
+
+    def accepts(self) -> str:
+        return self.accepted() if callable(self.accepted) else self.accepted
 
 
 _SPECS: dict[str, _Spec] = {
@@ -142,6 +166,12 @@ _SPECS: dict[str, _Spec] = {
         DFX_FLAGS_ENV, _parse_path, "the path of an ini file with [ByNodeName] and "
         "[ByNodeType] sections", None,
         "nodes never fused, by name and by op type"),
+    "autofuse_enhance_precision_blacklist": _Spec(
+        FLAGS_ENV, _parse_op_list,
+        lambda: "a comma-separated list of op names (or TF op types) from: " + _op_names(),
+        frozenset(),
+        "ops whose 16-bit inputs the generated NPU kernels do not cast to fp32 (f16 computed "
+        "in half); the CPU kernel is unaffected"),
 }
 
 
@@ -156,6 +186,7 @@ class Flags:
     recomputation_threshold: int = 0
     max_input_nums_after_fuse: int = 8
     skip_node_names_cfg: Optional[SkipList] = None
+    autofuse_enhance_precision_blacklist: frozenset = frozenset()
 
     def with_overrides(self, overrides: Mapping[str, str], source: str) -> "Flags":
         """Flags with `overrides` (key -> text value, as a ConfigProto parameter_map gives them)."""
@@ -192,7 +223,7 @@ def describe() -> str:
     """One line a flag, for error messages and the README."""
     lines = []
     for key, spec in _SPECS.items():
-        lines.append(f"  {spec.env}: --{key}=<{spec.accepted}> (default {spec.default!r}): {spec.help}")
+        lines.append(f"  {spec.env}: --{key}=<{spec.accepts()}> (default {spec.default!r}): {spec.help}")
     return "\n".join(lines)
 
 
@@ -206,12 +237,13 @@ def _spec_for(key: str, source: str) -> _Spec:
 
 def _parse_value(key: str, text: str, spec: _Spec, source: str) -> object:
     if text is None or not str(text).strip():
-        raise FlagError(f"{source}: --{key} has an empty value; it accepts {spec.accepted}")
+        raise FlagError(f"{source}: --{key} has an empty value; it accepts {spec.accepts()}")
     try:
         return spec.parse(str(text))
-    except ValueError:
+    except ValueError as err:
+        detail = f" ({err})" if str(err) else ""
         raise FlagError(
-            f"{source}: --{key}={text!r} is not valid; it accepts {spec.accepted}") from None
+            f"{source}: --{key}={text!r} is not valid{detail}; it accepts {spec.accepts()}") from None
 
 
 def parse_items(text: str, env: str) -> dict[str, object]:

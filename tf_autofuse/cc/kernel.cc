@@ -3,10 +3,20 @@
 // The node carries a fused program (docs/PROGRAM.md) in its `program` attr. The kernel parses
 // and plans it once, at construction, then runs the tiled interpreter (interpreter.cc) over the
 // inputs, spreading the tiles over TensorFlow's intra-op thread pool.
+//
+// NPU: when the pass found CANN and built the Ascend C kernel of the program, the node also
+// carries `_autofuse_npu_library` (codegen/cann.py). The kernel then loads that library
+// (codegen/host/npu_dispatch.h) and runs each call through its ACL launcher first; a library
+// that does not load or a launch that fails is one warning naming the kernel and the error,
+// and from then on this kernel runs on the CPU. Without the attr nothing here changes.
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,12 +28,14 @@
 #include "absl/strings/str_join.h"
 #include "hoist.h"
 #include "interpreter.h"
+#include "npu_dispatch.h"  // tf_autofuse/codegen/host (-I added by _build.py)
 #include "program.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/platform/logging.h"
 
 namespace tf_autofuse {
 namespace {
@@ -44,6 +56,30 @@ using ::tensorflow::shape_inference::ShapeHandle;
 // threads win from ~150 us of single-threaded work (abs on 1M f32, abs->relu->exp on 300K)
 // and lose below (abs on 300K, abs->relu->exp on 100K: the wake-up takes ~30-40 us).
 constexpr int64_t kInlineCost = 2'000'000;
+
+// The node attr naming the NPU kernel library of the program (codegen/cann.py). Attrs starting
+// with '_' need no declaration in the op registration: TensorFlow keeps them on the NodeDef.
+constexpr char kNpuLibraryAttr[] = "_autofuse_npu_library";
+
+// Each distinct message once per process.
+void WarnOnce(const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string>* said = new std::set<std::string>();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!said->insert(message).second) return;
+  }
+  LOG(WARNING) << "tf_autofuse: " << message;
+}
+
+// The ACL device of the NPU launches: $ASCEND_DEVICE_ID, else 0.
+int32_t NpuDevice() {
+  const char* env = std::getenv("ASCEND_DEVICE_ID");
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  const long id = std::strtol(env, &end, 10);
+  return (*end == '\0' && id >= 0 && id < 1024) ? static_cast<int32_t>(id) : 0;
+}
 
 DataType ToDataType(DType dtype) {
   switch (dtype) {
@@ -299,6 +335,19 @@ class AutofuseKernelOp : public OpKernel {
       program = std::move(split.main);
     }
     interpreter_ = std::make_unique<Interpreter>(std::move(program));
+    if (ctx->HasAttr(kNpuLibraryAttr)) {
+      std::string library;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(kNpuLibraryAttr, &library));
+      if (!library.empty()) {
+        std::string why;
+        npu_ = npu::Launcher::Open(library, &why);
+        if (npu_ == nullptr) {
+          WarnOnce(absl::StrCat("AutofuseKernel '", name(),
+                                "': the NPU kernel library is not used, the CPU kernel runs: ", why));
+        }
+        npu_device_ = NpuDevice();
+      }
+    }
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -345,6 +394,10 @@ class AutofuseKernelOp : public OpKernel {
                 absl::InvalidArgumentError(
                     absl::StrCat("AutofuseKernel '", name(), "': ", status.message())));
 
+    // An NPU launch that fails may have written some outputs: never let them share an input's
+    // buffer, which the CPU fallback still reads.
+    const bool try_npu = npu_ != nullptr && !npu_failed_.load(std::memory_order_relaxed) &&
+                         run.num_elements > 0;
     IoBuffers io;
     io.inputs.resize(program.inputs.size());
     io.outputs.resize(ctx->num_outputs());
@@ -359,7 +412,9 @@ class AutofuseKernelOp : public OpKernel {
       // Only an input of exactly the output's shape (and dtype, and not broadcast).
       std::vector<int> candidates;
       for (int j : interpreter_->ForwardableInputs(run, k)) {
-        if (j < num_inputs_ && ctx->input(j).shape() == shape) candidates.push_back(j);
+        if (j < num_inputs_ && ctx->input(j).shape() == shape && !try_npu) {
+          candidates.push_back(j);
+        }
       }
       Tensor* output = nullptr;
       int forwarded = -1;
@@ -368,6 +423,8 @@ class AutofuseKernelOp : public OpKernel {
       io.outputs[k] = const_cast<char*>(output->tensor_data().data());
       if (forwarded < 0) AdviseHugePages(io.outputs[k], output->TotalBytes());
     }
+
+    if (try_npu && RunOnNpu(ctx, run, io)) return;
 
     const int64_t num_items = interpreter_->NumItems(run);
     if (num_items == 0) return;
@@ -385,10 +442,36 @@ class AutofuseKernelOp : public OpKernel {
   }
 
  private:
+  // The NPU path: the launcher copies the host buffers to the device and the results back.
+  // false (after one warning, and for good for this kernel) when it fails: run on the CPU.
+  bool RunOnNpu(OpKernelContext* ctx, const RunShape& run, const IoBuffers& io) {
+    // the node's inputs only: the generated kernel computes the hoisted invariants itself
+    std::vector<const void*> inputs(io.inputs.begin(), io.inputs.begin() + num_inputs_);
+    std::vector<void*> outputs(io.outputs.begin(), io.outputs.end());
+    std::vector<uint64_t> counts(ctx->num_inputs());
+    for (int j = 0; j < ctx->num_inputs(); ++j) {
+      counts[j] = static_cast<uint64_t>(ctx->input(j).NumElements());
+    }
+    std::string error;
+    if (npu_->Run(inputs, outputs, static_cast<uint64_t>(run.num_elements), &error,
+                  /*core_num=*/0, npu_device_, /*stream=*/nullptr, run.iteration, counts)) {
+      return true;
+    }
+    if (!npu_failed_.exchange(true)) {
+      WarnOnce(absl::StrCat("AutofuseKernel '", name(),
+                            "': the NPU launch failed, this kernel runs on the CPU from now on: ",
+                            error));
+    }
+    return false;
+  }
+
   int num_inputs_ = 0;                        // the node's; the main program may have more
   std::unique_ptr<Interpreter> prologue_;     // the hoisted invariants, or null
   std::vector<int> prologue_inputs_;          // the node input each prologue input is
   std::unique_ptr<Interpreter> interpreter_;  // the program (its main part when hoisted)
+  std::unique_ptr<npu::Launcher> npu_;  // null: the CPU path only
+  int32_t npu_device_ = 0;
+  std::atomic<bool> npu_failed_{false};
 };
 
 }  // namespace

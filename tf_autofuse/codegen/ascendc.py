@@ -12,7 +12,8 @@ double-buffered TQues (BUFFER_NUM = 2), scratch tensors in TBufs, the work split
 GetBlockNum() cores by the host tiling function (tiling.py). Schedules (`_schedule`):
 "flat" (every input read as the iteration shape); "broadcast" (the iteration shape cut into
 [outer, inner], inputs full / row / col / scalar, tiles are chunks of a row); "reduce" (the same
-cut at the reduced trailing axes, one pass a row, ReduceSum/Max/Min into row accumulators).
+cut at the reduced trailing axes, one pass a row, ReduceSum/Max/Min into row accumulators, and
+arithmetic on the finished reduced values once a row, in RowEnd).
 Anything else is refused with a reason.
 """
 
@@ -82,16 +83,21 @@ def kernel_name(node_name: str) -> str:
 
 
 def precision_blacklist(environ=None) -> frozenset:
-    """IR op names of `--autofuse_enhance_precision_blacklist=Op,...` in AUTOFUSE_FLAGS.
+    """IR op names of `--autofuse_enhance_precision_blacklist=Op,...` in AUTOFUSE_FLAGS
+    (tf_autofuse/flags.py reads and checks it): ops listed compute f16 in f16.
 
-    Read here until tf_autofuse/flags.py declares the key: ops listed compute f16 in f16."""
+    The pass passes the session's flags explicitly; this is the default of `generate` for the
+    offline tools. A flag string that does not parse is one warning and an empty list."""
+    from .. import flags
+    from .._warn import warn_once
+
     environ = os.environ if environ is None else environ
-    ops = set()
-    for item in environ.get("AUTOFUSE_FLAGS", "").split(";"):
-        key, _, value = item.strip().lstrip("-").partition("=")
-        if key.strip() == BLACKLIST_FLAG:
-            ops.update(v.strip() for v in value.split(",") if v.strip())
-    return frozenset(ops)
+    try:
+        items = flags.parse_items(environ.get(flags.FLAGS_ENV, ""), flags.FLAGS_ENV)
+    except flags.FlagError as err:
+        warn_once(f"the precision blacklist is not used: {err}")
+        return frozenset()
+    return frozenset(items.get(BLACKLIST_FLAG, frozenset()))
 
 
 def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> Kernel:
@@ -161,12 +167,22 @@ def _reduce_split(program: ir.Program):
         if inst.op in ir.REDUCTIONS and inst.operand_dtype == "i32":
             return None, None, f"%{k} = {inst.op}: i32 reductions are not generated (ReduceSum takes half/float)"
         if inst.op not in ir.REDUCTIONS and inst.reduced:
-            return None, None, f"%{k} = {inst.op}: arithmetic on reduced values is not generated yet"
+            continue  # computed once a row, at the row's end, from the finished reductions
+        reads_reduction = any(isinstance(o, ir.Ref) and o.kind == "%" and program.insts[o.index].reduced
+                              for o in inst.operands)
+        if inst.op not in ir.REDUCTIONS and inst.reduced_shape and reads_reduction:
+            return None, None, (f"%{k} = {inst.op} mixes reduced values with inputs read as reduced "
+                                "values: not generated yet")
         if inst.op not in ir.REDUCTIONS and any(
                 isinstance(o, ir.Ref) and o.kind == "%" and program.insts[o.index].reduced
                 for o in inst.operands):
             return None, None, (f"%{k} = {inst.op} reads a reduced value over the full shape: "
                                 "multi-pass reductions (softmax, variance) are not generated yet")
+    for j, out in enumerate(program.outputs):
+        ref = out.ref
+        if program.ref_reduced_shape(ref) and not (ref.kind == "%" and program.insts[ref.index].reduced):
+            return None, None, (f"out{j} = {ref} has the reduced shape but no reduction computes it "
+                                "(it comes from inputs read as reduced values): not generated yet")
     split = axes[0]
     patterns = _patterns_at(program, split, rank)
     if patterns is None:
@@ -246,6 +262,10 @@ class _Flat:
         self.reduce = program.has_reduction
         self.reductions: list = []  # (accumulator index, op)
         self.acc_of: dict = {}  # instruction index -> accumulator index
+        # arithmetic on reduced values, done once a row in RowEnd on 32-byte buffers (rowBuf<i>)
+        self.row_body: list = []
+        self.row_bufs = 0
+        self.row_loc: dict = {}  # instruction index -> the rowBuf view holding its value
         self.free: list = []
         self.slots = 0
         self.views: dict = {}  # (slot, ctype) -> C++ name of the view
@@ -321,6 +341,9 @@ class _Flat:
                 o = inst.operands[0]
                 if last_use.get(o) == k and o not in output_refs:
                     self._drop(o, loc)
+                continue
+            if self.reduce and inst.reduced:
+                self._row_end_inst(k, inst)
                 continue
             mapping = opmap.lookup(inst.op)
             why = opmap.refusal(inst.op, ctype)
@@ -401,6 +424,7 @@ class _Flat:
         buffers += [(f"scratch{s}", 4, 1) for s in range(self.slots)]
         fixed = 32 * len(self.reductions) + 32 * tiling.BUFFER_NUM * sum(out_reduced)
         fixed += 32 if any(op == "Mean" for _, op in self.reductions) else 0
+        fixed += 32 * self.row_bufs
         ub = tiling.plan_ub(buffers, fixed)
         if ub.max_tile < tiling.ALIGN_ELEMS:
             raise _Refused(f"does not fit in UB: {ub.bytes_per_element} bytes per element, "
@@ -433,6 +457,40 @@ class _Flat:
             loc[ref] = (view, "float", slot)
         expr, t, _ = loc[ref]
         return expr, t
+
+    def _row_buf(self) -> str:
+        self.row_bufs += 1
+        return f"rv{self.row_bufs - 1}"
+
+    def _row_vec(self, *statements):
+        for s in statements:
+            if self.row_body:
+                self.row_body.append("PipeBarrier<PIPE_V>();")
+            self.row_body.append(s)
+
+    def _reduced_value(self, index: int) -> str:
+        """The tensor holding reduced value %index at the row's end (lane 0)."""
+        return f"acc{self.acc_of[index]}" if index in self.acc_of else self.row_loc[index]
+
+    def _row_end_inst(self, k: int, inst):
+        """%k computed from reduced values and immediates only: once a row, in float, on one lane."""
+        mapping = opmap.lookup(inst.op)
+        why = opmap.refusal(inst.op, "float")
+        if why:
+            raise _Refused(f"%{k} = {why}")
+        args = []
+        for o in inst.operands:
+            if isinstance(o, ir.Ref):
+                args.append(self._reduced_value(o.index))
+            else:
+                view = self._row_buf()
+                self._row_vec(f"Duplicate({view}, {opmap.lit('float', o)}, 1);")
+                args.append(view)
+        temps = [self._row_buf() for _ in range(opmap.temps_for(mapping, "float"))]
+        dst = self._row_buf()
+        extra = {"alpha": opmap.alpha_of(inst.attrs)} if inst.op == "LeakyRelu" else {}
+        self._row_vec(*mapping.emit("float", dst, args, "1", temps, **extra))
+        self.row_loc[k] = dst
 
     def _drop(self, ref, loc):
         expr, t, slot = loc.get(ref, (None, None, None))
@@ -468,6 +526,8 @@ class _Flat:
         has_mean = any(op == "Mean" for _, op in self.reductions)
         if has_mean:
             members.append("  TBuf<TPosition::VECCALC> rowTmp;")
+        members += [f"  TBuf<TPosition::VECCALC> rowBuf{i};  // arithmetic on reduced values"
+                    for i in range(self.row_bufs)]
         out_red = getattr(self, "out_reduced", [False] * nout)
         bcast = self.split is not None
         extent = {"full": "t.outer * t.inner", "row": "t.inner", "col": "t.outer", "scalar": "1"}
@@ -492,6 +552,7 @@ class _Flat:
         init += [f"    pipe.InitBuffer(accBuf{a}, 32);" for a, _ in self.reductions]
         if has_mean:
             init.append("    pipe.InitBuffer(rowTmp, 32);")
+        init += [f"    pipe.InitBuffer(rowBuf{i}, 32);" for i in range(self.row_bufs)]
         init += [f"    pipe.InitBuffer(calc{s}, t.tileLength * 4);" for s in range(self.slots)]
 
         def copy_in(k, t):
@@ -545,13 +606,16 @@ class _Flat:
                           "    Duplicate(tmp, static_cast<float>(inner), 8);", "    PipeBarrier<PIPE_V>();"]
                 lines += [f"    Div(acc{a}, acc{a}, tmp, 1);\n    PipeBarrier<PIPE_V>();"
                           for a, op in self.reductions if op == "Mean"]
+            if self.row_body:
+                lines += [f"    LocalTensor<float> rv{i} = rowBuf{i}.Get<float>();" for i in range(self.row_bufs)]
+                lines += [f"    {stmt}" for stmt in self.row_body]
+                lines.append("    PipeBarrier<PIPE_V>();")
             for k, t in enumerate(out_types):
                 if not out_red[k]:
                     continue
-                acc = self.p.outputs[k].ref
-                a = self.acc_of[acc.index]
-                convert = (f"Muls(r{k}, acc{a}, 1.0f, 8);" if t == "float"
-                           else f"Cast(r{k}, acc{a}, RoundMode::CAST_RINT, 8);")
+                value = self._reduced_value(self.p.outputs[k].ref.index)
+                convert = (f"Muls(r{k}, {value}, 1.0f, 8);" if t == "float"
+                           else f"Cast(r{k}, {value}, RoundMode::CAST_RINT, 8);")
                 lines.append(f"""\
     LocalTensor<{t}> r{k} = outQue{k}.AllocTensor<{t}>();
     {convert}
@@ -560,7 +624,8 @@ class _Flat:
     DataCopyExtParams copy{k}{{1, static_cast<uint32_t>(sizeof({t})), 0, 0, 0}};
     DataCopyPad(out{k}Gm[o], r{k}, copy{k});
     outQue{k}.FreeTensor(r{k});""")
-            row_end = ("  // The row is done: finish Mean, write each reduced output's element.\n"
+            row_end = ("  // The row is done: finish Mean, compute on the reduced values, write each reduced\n"
+                       "  // output's element.\n"
                        "  __aicore__ inline void RowEnd(uint64_t o) {\n" + "\n".join(lines) + "\n  }\n")
         if bcast:
             prelude = """\
@@ -720,7 +785,7 @@ extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
   aclrtStream stream = reinterpret_cast<aclrtStream>(a->stream);
   uint32_t core_num = a->core_num;
   aclError rc = autofuse_acl_prepare(a->device_id, &stream, &core_num);
-  if (rc != ACL_SUCCESS) return autofuse_launch_fail(a, rc, "{n}: device setup failed");
+  if (rc != ACL_SUCCESS) return autofuse_acl_fail(a, rc, "device setup failed");
   {n}_TilingData t;
 {tiling_call}
   if (t.blockDim == 0) return 0;
@@ -758,7 +823,7 @@ extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
   }}
   for (int k = 0; k < {nin + nout + 1}; ++k)
     if (dev[k]) aclrtFree(dev[k]);
-  if (rc != ACL_SUCCESS) return autofuse_launch_fail(a, rc, what);
+  if (rc != ACL_SUCCESS) return autofuse_acl_fail(a, rc, what);
   if (a->tiling_out) std::memcpy(a->tiling_out, &t, sizeof(t));
   return 0;
 }}

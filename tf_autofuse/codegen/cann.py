@@ -6,10 +6,14 @@
                        content hash under <cache>/npu/<key>/; exports autofuse_npu_launch
     prepare(...)       program -> library path, or None: the CPU path. Without CANN one info line
                        says so; a kernel that cannot be generated stays on the CPU (debug log line
-                       with the reason); a build error is one warning
-    attach_npu_libraries(graph_def)
-                       the bridge hook: stamps `_autofuse_npu_library` on every AutofuseKernel node
-                       whose kernel built, for the C++ op kernel (host/npu_dispatch.h) to load
+                       with the reason); a build error is one warning. Remembered per process
+    attach_npu_libraries(graph_def, blacklist=...)
+                       the bridge hook (_bridge.optimize, after a rewrite): stamps
+                       `_autofuse_npu_library` on every AutofuseKernel node whose kernel built, for
+                       the C++ op kernel (cc/kernel.cc, host/npu_dispatch.h) to load. Never raises
+    set_backend_for_tests(backend)
+                       TEST ONLY: twin.StandinBackend stands in for CANN (kernels built for the CPU
+                       twin, linked against the stand-in libascendcl.so), so the whole path runs in CI
 
 The real-hardware path is untested here (no CANN on these machines); the stand-in runtime in
 twin/ exercises the launcher and its argument passing in CI.
@@ -27,7 +31,7 @@ from typing import Mapping, Optional
 
 from .._warn import warn_once
 from . import build as _build
-from .ascendc import Kernel, generate
+from .ascendc import Kernel, generate, precision_blacklist
 
 LOG = logging.getLogger("tf_autofuse")
 NPU_LIBRARY_ATTR = "_autofuse_npu_library"
@@ -121,37 +125,96 @@ def build_npu(kernel: Kernel, cann: Cann) -> Path:
         raise
 
 
-def prepare(program: str, name: str, environ=None, blacklist=None) -> Optional[Path]:
-    """The NPU library for this fused kernel, or None: run it on the CPU."""
+# Tests only: a stand-in for the CANN toolchain (twin.StandinBackend builds kernels for the CPU twin
+# and its stand-in ACL runtime). Set by an explicit call, never from the environment, so users
+# cannot reach it by accident.
+_backend = None
+_libraries: dict = {}  # (program, name, blacklist, toolkit) -> library path or None, per process
+
+
+def set_backend_for_tests(backend) -> None:
+    """TEST ONLY. `backend.detect(environ)` -> (Cann or None, why) and `backend.build(kernel, cann)`
+    -> library path replace `detect` and `build_npu`; None restores them."""
+    global _backend
+    with _lock:
+        _backend = backend
+        _libraries.clear()
+
+
+def _detect(environ):
+    backend = _backend
+    return backend.detect(environ) if backend is not None else detect(environ)
+
+
+def _say_no_cann(why: str) -> None:
     global _said_no_cann
-    cann, why = detect(environ)
-    if cann is None:
-        with _lock:
-            first, _said_no_cann = not _said_no_cann, True
-        if first:
-            LOG.info("tf_autofuse: %s; fused kernels run on the CPU", why)
-        return None
+    with _lock:
+        first, _said_no_cann = not _said_no_cann, True
+    if first:
+        LOG.info("tf_autofuse: %s; fused kernels run on the CPU", why)
+
+
+def _library(program: str, name: str, found: Cann, blacklist: frozenset) -> Optional[Path]:
+    key = (program, name, blacklist, found)
+    with _lock:
+        if key in _libraries:
+            return _libraries[key]
     kernel = generate(program, name, blacklist)
     if not kernel.ok:
         LOG.debug("tf_autofuse: %s stays on the CPU: %s", kernel.name, kernel.reason)
-        return None
-    try:
-        return build_npu(kernel, cann)
-    except _build.CodegenBuildError as err:
-        warn_once(f"{kernel.name}: the NPU build failed, the kernel runs on the CPU: {err}")
-        return None
+        path = None
+    else:
+        backend = _backend
+        try:
+            path = backend.build(kernel, found) if backend is not None else build_npu(kernel, found)
+        except _build.CodegenBuildError as err:
+            warn_once(f"{kernel.name}: the NPU build failed, the kernel runs on the CPU: {err}")
+            return None  # not memoised here: build_npu remembers the failure itself
+    with _lock:
+        if len(_libraries) > 4096:
+            _libraries.clear()
+        _libraries[key] = path
+    return path
 
 
-def attach_npu_libraries(graph_def, environ=None) -> int:
-    """Stamp NPU_LIBRARY_ATTR on each AutofuseKernel node whose kernel built; returns how many."""
+def prepare(program: str, name: str, environ=None, blacklist=None) -> Optional[Path]:
+    """The NPU library for this fused kernel, or None: run it on the CPU.
+
+    blacklist: IR op names computed in half (--autofuse_enhance_precision_blacklist); None reads
+    AUTOFUSE_FLAGS."""
+    found, why = _detect(environ)
+    if found is None:
+        _say_no_cann(why)
+        return None
+    if blacklist is None:
+        blacklist = precision_blacklist(environ)
+    return _library(program, name, found, frozenset(blacklist))
+
+
+def attach_npu_libraries(graph_def, environ=None, blacklist=None) -> int:
+    """Stamp NPU_LIBRARY_ATTR on each AutofuseKernel node whose kernel built; returns how many.
+
+    The bridge calls it after every successful rewrite. It never raises (a failure is one
+    warning, and the kernels it did not stamp run on the CPU) and, without CANN, it costs a
+    few stat calls and says so in one info line per process."""
     count = 0
-    for node in graph_def.node:
-        if node.op != "AutofuseKernel" or "program" not in node.attr:
-            continue
-        path = prepare(node.attr["program"].s.decode(), node.name, environ)
-        if path is not None:
-            node.attr[NPU_LIBRARY_ATTR].s = str(path).encode()
-            count += 1
+    try:
+        nodes = [n for n in graph_def.node if n.op == "AutofuseKernel" and "program" in n.attr]
+        if not nodes:
+            return 0
+        found, why = _detect(environ)
+        if found is None:
+            _say_no_cann(why)
+            return 0
+        blacklist = frozenset(precision_blacklist(environ) if blacklist is None else blacklist)
+        for node in nodes:
+            path = _library(node.attr["program"].s.decode(), node.name, found, blacklist)
+            if path is not None:
+                node.attr[NPU_LIBRARY_ATTR].s = str(path).encode()
+                count += 1
+    except Exception as err:  # noqa: BLE001 - never break the pass: the CPU kernel runs
+        warn_once(f"NPU kernels were not attached, fused kernels run on the CPU: "
+                  f"{type(err).__name__}: {err}")
     return count
 
 
@@ -160,3 +223,4 @@ def reset_for_tests() -> None:
     with _lock:
         _said_no_cann = False
         _failed.clear()
+        _libraries.clear()

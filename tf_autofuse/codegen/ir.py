@@ -1,33 +1,21 @@
 """The codegen's reading of a fused program (docs/PROGRAM.md).
 
-Today's pointwise programs go through `tf_autofuse.rewriter.program.parse` (the one parser the
-rest of the project uses). Programs in the extended grammar (views `-> [..]`, output shapes,
-bool, `Cast to=`, reductions `axes=[..]`, literals `true`/`false`) are not accepted by that
-parser yet, so a small adapter here reads them with the same rules; once program.py grows, the
-adapter only serves as a fallback. Both produce the same `Program` below, which is all the
-generator looks at.
+The text is parsed and checked by `tf_autofuse.rewriter.program.parse`, the one parser of the
+project (a program it refuses is refused here too, with its reason). This module only flattens
+the result into what the generator looks at: every input's view, every instruction's dtypes and
+whether its value is reduced, and the outputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Optional, Union
 
-DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "bool": 1}
-REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod"})
-_BOOL_RESULT = frozenset({"Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual",
-                          "IsNan", "IsInf", "IsFinite"})
+from ..rewriter import catalog
+from ..rewriter import program as _program
 
-
-@dataclasses.dataclass(frozen=True)
-class Ref:
-    kind: str  # "in" or "%"
-    index: int
-
-    def __str__(self) -> str:
-        return f"{self.kind}{self.index}"
-
+Ref = _program.Ref  # ("in" | "%", index); str() prints in3 / %2
+REDUCTIONS = frozenset(spec.ir_name for spec in catalog.OPS if spec.kind == catalog.REDUCE)
 
 Operand = Union[Ref, int, float, bool]
 
@@ -46,7 +34,10 @@ class Inst:
     attrs: dict
     dtype: str  # the value's dtype
     operand_dtype: str  # the dtype of its non-immediate operands (the last one for Select)
-    reduced: bool  # a reduced value (PROGRAM.md "Reductions")
+    reduced: bool  # a reduction, or computed from reductions (and immediates) only
+    reduced_shape: bool = False  # has the reduced shape (1 along the reduced axes), as the CPU
+    #                              kernel sees it: `reduced`, or computed from inputs read as
+    #                              reduced values (PROGRAM.md "Reductions")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +52,15 @@ class Program:
     inputs: tuple
     insts: tuple
     outputs: tuple
+    reduced_inputs: tuple = ()  # per input: read as a reduced value (programs with reductions)
 
     def ref_dtype(self, ref: Ref) -> str:
         return self.inputs[ref.index].dtype if ref.kind == "in" else self.insts[ref.index].dtype
+
+    def ref_reduced_shape(self, ref: Ref) -> bool:
+        if ref.kind == "in":
+            return bool(self.reduced_inputs) and self.reduced_inputs[ref.index]
+        return self.insts[ref.index].reduced_shape
 
     @property
     def has_reduction(self) -> bool:
@@ -83,130 +80,32 @@ class Program:
 
 
 def load(text: str) -> Program:
-    """Read program text; ValueError naming the line when it is not a program.
-
-    The generator's model always comes from the adapter below, so that views, output shapes and
-    reduced values are never lost whichever parser accepted the text. When the rewriter's parser
-    accepts the program too (today's pointwise programs), it validates it and the two readings
-    must agree on every value's dtype."""
-    program = _parse_extended(text)
-    try:
-        from ..rewriter import program as rw
-        parsed = rw.parse(text)
-    except ValueError:
-        return program  # the extended grammar, not (yet) accepted by the rewriter's parser
-    theirs = list(parsed.value_dtypes())
-    ours = [inst.dtype for inst in program.insts]
-    if theirs != ours:
-        raise ValueError(f"value dtypes {ours} differ from the rewriter's reading {theirs}")
-    return program
-
-
-# --- the adapter for the extended grammar ---------------------------------------------------
-
-_INPUT = re.compile(r"in(\d+): ([a-z0-9]+)\[([^\]]*)\]( -> \[([^\]]*)\])?")
-_INST = re.compile(r"%(\d+) = ([A-Za-z][A-Za-z0-9_]*) (.+)")
-_OUTPUT = re.compile(r"out(\d+) = (in\d+|%\d+)( -> \[([^\]]*)\])?")
-_REF = re.compile(r"(in|%)(\d+)")
-
-
-def _dims(text: str, fail):
-    if text == "*":
-        return None
-    if text == "":
-        return ()
-    out = []
-    for d in text.split(","):
-        if d == "?":
-            out.append(-1)
-        elif d.isdigit():
-            out.append(int(d))
+    """Read program text; ValueError naming the line when it is not a program."""
+    parsed = _program.parse(text)
+    value_dtypes = parsed.value_dtypes()
+    inputs = tuple(Input(d.dtype, d.shape, d.view if d.view is not None else d.shape)
+                   for d in parsed.inputs)
+    axes = parsed.reduce_axes()
+    reduced_inputs = ()
+    if axes is not None:  # the rule of program.py's checker and the C++ parser
+        rank = max([len(i.view) for i in inputs if i.view is not None] + [max(axes) + 1])
+        reduced_inputs = tuple(
+            i.view is not None and all(((1,) * (rank - len(i.view)) + tuple(i.view))[a] == 1
+                                       for a in axes)
+            for i in inputs)
+    insts = []
+    for k, inst in enumerate(parsed.instructions):
+        refs = [o for o in inst.operands if isinstance(o, Ref)]
+        operand_dtype = (inputs[refs[-1].index].dtype if refs[-1].kind == "in"
+                         else insts[refs[-1].index].dtype)
+        if inst.op in REDUCTIONS:
+            reduced = reduced_shape = True
         else:
-            fail(f"bad dimension {d!r}")
-    return tuple(out)
-
-
-def _literal(token: str, fail):
-    if token in ("true", "false"):
-        return token == "true"
-    try:
-        return int(token) if re.fullmatch(r"-?\d+", token) else float(token)
-    except ValueError:
-        fail(f"bad operand {token!r}")
-
-
-def _parse_extended(text: str) -> Program:
-    if not text.endswith("\n"):
-        raise ValueError("the last line has no '\\n'")
-    inputs, insts, outputs = [], [], []
-    for number, line in enumerate(text[:-1].split("\n"), start=1):
-        def fail(reason, line=line, number=number):
-            raise ValueError(f"line {number}: {reason}: {line!r}")
-
-        if m := _INPUT.fullmatch(line):
-            if int(m[1]) != len(inputs) or insts or outputs:
-                fail("inputs are numbered from 0 and come first")
-            if m[2] not in DTYPE_BYTES:
-                fail(f"unknown dtype {m[2]!r}")
-            shape = _dims(m[3], fail)
-            view = _dims(m[5], fail) if m[4] else shape
-            inputs.append(Input(m[2], shape, view))
-        elif m := _INST.fullmatch(line):
-            if int(m[1]) != len(insts) or outputs:
-                fail("instructions are numbered from 0 and come before the outputs")
-            tokens = m[3].split(" ")
-            operands, attrs = [], {}
-            for token in tokens:
-                if "=" in token:
-                    key, _, value = token.partition("=")
-                    attrs[key] = value
-                    continue
-                token = token.rstrip(",")
-                if r := _REF.fullmatch(token):
-                    ref = Ref(r[1], int(r[2]))
-                    limit = len(inputs) if ref.kind == "in" else len(insts)
-                    if ref.index >= limit:
-                        fail(f"{ref} is not defined above")
-                    operands.append(ref)
-                else:
-                    operands.append(_literal(token, fail))
-            insts.append(_typed(m[2], tuple(operands), attrs, inputs, insts, fail))
-        elif m := _OUTPUT.fullmatch(line):
-            if int(m[1]) != len(outputs):
-                fail("outputs are numbered from 0")
-            r = _REF.fullmatch(m[2])
-            ref = Ref(r[1], int(r[2]))
-            if ref.index >= (len(inputs) if ref.kind == "in" else len(insts)):
-                fail(f"{ref} is not defined above")
-            outputs.append(Output(ref, _dims(m[4], fail) if m[3] else None))
-        else:
-            fail("not an input, an instruction or an output")
-    if not inputs or not insts or not outputs:
-        raise ValueError("a program needs inputs, instructions and outputs")
-    return Program(text, tuple(inputs), tuple(insts), tuple(outputs))
-
-
-def _typed(op, operands, attrs, inputs, insts, fail) -> Inst:
-    refs = [o for o in operands if isinstance(o, Ref)]
-    if not refs:
-        fail("needs at least one operand that is a value")
-
-    def dtype_of(r):
-        return inputs[r.index].dtype if r.kind == "in" else insts[r.index].dtype
-
-    def reduced_of(r):
-        if r.kind == "%":
-            return insts[r.index].reduced
-        return False
-
-    operand_dtype = dtype_of(refs[-1])
-    if op == "Cast":
-        dtype = attrs.get("to")
-        if dtype not in DTYPE_BYTES:
-            fail("Cast needs to=DTYPE")
-    elif op in _BOOL_RESULT:
-        dtype = "bool"
-    else:
-        dtype = operand_dtype
-    reduced = op in REDUCTIONS or (bool(refs) and all(reduced_of(r) for r in refs))
-    return Inst(op, operands, attrs, dtype, operand_dtype, reduced)
+            reduced = all(r.kind == "%" and insts[r.index].reduced for r in refs)
+            reduced_shape = axes is not None and all(
+                insts[r.index].reduced_shape if r.kind == "%" else reduced_inputs[r.index]
+                for r in refs)
+        insts.append(Inst(inst.op, tuple(inst.operands), dict(inst.attrs), value_dtypes[k],
+                          operand_dtype, reduced, reduced_shape))
+    outputs = tuple(Output(ref, view) for ref, view in zip(parsed.outputs, parsed.output_views))
+    return Program(text, inputs, tuple(insts), outputs, reduced_inputs)

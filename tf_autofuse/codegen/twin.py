@@ -265,3 +265,23 @@ def stub_stats() -> dict:
     out = (ctypes.c_uint64 * 6)()
     stub.twinAclStats(out)
     return dict(zip(("launches", "last_block_dim", "h2d_bytes", "d2h_bytes", "mallocs", "frees"), out))
+
+
+class StandinBackend:
+    """TEST ONLY: the CPU twin standing in for CANN in `cann` (`cann.set_backend_for_tests`).
+
+    `detect` "finds" a toolkit whose libascendcl.so is the stand-in runtime; `build` compiles a
+    kernel and its ACL launcher for the twin into one library per kernel that exports
+    `autofuse_npu_launch` (AUTOFUSE_SINGLE_KERNEL), linked against the stand-in runtime. The op
+    kernel then loads and launches it exactly as it would a CANN build. Nothing selects this
+    from the environment: a test installs it by calling `cann.set_backend_for_tests`."""
+
+    def detect(self, environ=None):
+        from . import cann
+
+        stub = stub_library()
+        return cann.Cann(stub.parent, Path(_build.cxx()), stub, None), ""
+
+    def build(self, kernel: Kernel, found=None) -> Path:
+        key, files, command = plan([kernel], acl=True, single=True)
+        return _build.cached_build("twin", key, files, [command], "libtwin.so")

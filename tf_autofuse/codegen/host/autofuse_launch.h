@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 
 #define AUTOFUSE_LAUNCH_ABI 1u
 
@@ -35,12 +36,26 @@ static inline int autofuse_launch_fail(const AutofuseLaunchArgs* a, int code, co
 #ifdef AUTOFUSE_WITH_ACL
 #include "acl/acl.h"
 
+// An ACL call failed: `what`, the code and the runtime's own message (aclGetRecentErrMsg).
+static inline int autofuse_acl_fail(const AutofuseLaunchArgs* a, aclError rc, const char* what) {
+  const char* detail = aclGetRecentErrMsg();
+  if (a->error && a->error_len)
+    std::snprintf(a->error, a->error_len, "%s (error %d)%s%s", what, static_cast<int>(rc),
+                  detail && *detail ? ": " : "", detail && *detail ? detail : "");
+  return rc ? rc : -1;
+}
+
 // aclInit / aclrtSetDevice once per process, a stream of our own when the caller has none, and
-// the vector core count when the caller did not give one.
+// the vector core count when the caller did not give one. ACL contexts are per thread and the
+// caller (a TensorFlow kernel) runs on any thread of a pool: every call without a caller stream
+// makes the context of our stream current in the calling thread.
 static inline aclError autofuse_acl_prepare(int32_t device, aclrtStream* stream, uint32_t* core_num) {
+  static std::mutex mu;
   static bool initialised = false;
   static aclrtStream own_stream = nullptr;
+  static aclrtContext own_context = nullptr;
   static int32_t own_device = -1;
+  std::lock_guard<std::mutex> lock(mu);
   aclError rc = ACL_SUCCESS;
   if (!initialised) {
     rc = aclInit(nullptr);
@@ -50,8 +65,11 @@ static inline aclError autofuse_acl_prepare(int32_t device, aclrtStream* stream,
   if (*stream == nullptr) {
     if (own_device != device) {
       if ((rc = aclrtSetDevice(device)) != ACL_SUCCESS) return rc;
+      if ((rc = aclrtGetCurrentContext(&own_context)) != ACL_SUCCESS) return rc;
       if ((rc = aclrtCreateStream(&own_stream)) != ACL_SUCCESS) return rc;
       own_device = device;
+    } else if ((rc = aclrtSetCurrentContext(own_context)) != ACL_SUCCESS) {
+      return rc;
     }
     *stream = own_stream;
   }

@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,14 +50,15 @@ class Launcher {
       dlclose(handle);
       return nullptr;
     }
-    return std::unique_ptr<Launcher>(new Launcher(handle, launch, name()));
+    return std::unique_ptr<Launcher>(new Launcher(handle, launch, name(), MutexOf(handle)));
   }
 
   ~Launcher() { dlclose(handle_); }
   const std::string& kernel_name() const { return name_; }
 
   // Runs the kernel on host buffers of `total` elements each. false with *error on failure:
-  // the caller runs the CPU path. Launches are serialised (one stream per library).
+  // the caller runs the CPU path. Launches of one library are serialised, across all the
+  // Launchers that opened it (it has one stream; dlopen gives them the same handle).
   // Broadcast kernels also need the iteration shape (`shape`); flat kernels ignore it.
   bool Run(const std::vector<const void*>& inputs, const std::vector<void*>& outputs, uint64_t total,
            std::string* error, uint32_t core_num = 0, int32_t device = 0, void* stream = nullptr,
@@ -77,18 +79,29 @@ class Launcher {
     args.rank = static_cast<uint32_t>(shape.size());
     args.shape = shape.data();
     args.input_elements = input_elements.empty() ? nullptr : input_elements.data();
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(*mu_);
     int rc = launch_(&args);
     if (rc != 0 && error) *error = name_ + ": " + message;
     return rc == 0;
   }
 
  private:
-  Launcher(void* handle, LaunchFn launch, const char* name) : handle_(handle), launch_(launch), name_(name) {}
+  Launcher(void* handle, LaunchFn launch, const char* name, std::mutex* mu)
+      : handle_(handle), launch_(launch), name_(name), mu_(mu) {}
+  // One mutex per loaded library, for the life of the process.
+  static std::mutex* MutexOf(void* handle) {
+    static std::mutex registry_mu;
+    static std::map<void*, std::unique_ptr<std::mutex>>* registry =
+        new std::map<void*, std::unique_ptr<std::mutex>>();
+    std::lock_guard<std::mutex> lock(registry_mu);
+    auto& mu = (*registry)[handle];
+    if (!mu) mu.reset(new std::mutex);
+    return mu.get();
+  }
   void* handle_;
   LaunchFn launch_;
   std::string name_;
-  std::mutex mu_;
+  std::mutex* mu_;
 };
 
 }  // namespace npu

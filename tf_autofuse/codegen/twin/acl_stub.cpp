@@ -2,7 +2,17 @@
 // memory the stub tracks; kernels queued on a stream run at aclrtSynchronizeStream. It fails
 // loudly on what would break on a device: copies in the wrong direction or outside an
 // allocation, kernel arguments that are not device pointers, reading results before the
-// stream is synchronised, use before aclInit / aclrtSetDevice, leaked or double-freed memory.
+// stream is synchronised, use before aclInit / aclrtSetDevice, leaked or double-freed memory, and
+// a thread that uses the device without a current context (ACL contexts are per thread: a thread
+// gets one from aclrtSetDevice or aclrtSetCurrentContext; TensorFlow runs a kernel on whichever
+// thread of its pool is free).
+//
+// Test controls (environment, read at every call): TWIN_ACL_LOG=FILE appends one line per kernel
+// run at aclrtSynchronizeStream ("run blockDim=N ok" or "run blockDim=N error: ..."), so that a
+// test in another process can see that a launch happened; TWIN_ACL_FAIL_SYNC=1 makes every
+// synchronisation report an AI core exception (the kernel still runs; its results never leave
+// the "device"), for testing the callers' CPU fallback. TWIN_ACL_VECTOR_CORES=N: the core count.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -17,6 +27,7 @@ struct Pending {
   const char* (*fn)(void*);
   void* ctx;
   std::vector<const void*> args;  // device buffers the launch may write
+  uint32_t block_dim;
 };
 struct Stream {
   std::vector<Pending> pending;
@@ -24,6 +35,14 @@ struct Stream {
 std::mutex mu;
 bool initialised = false;
 int32_t device = -1;
+struct Context {
+  int32_t device;
+};
+Context device_context{0};              // the default context of device 0, made by aclrtSetDevice
+thread_local Context* current = nullptr;  // this thread's current context
+const char* const kNoContext =
+    " in a thread without a current context (call aclrtSetDevice or aclrtSetCurrentContext in "
+    "this thread first)";
 std::map<uintptr_t, size_t> allocations;
 std::string last_error;
 struct Stats {
@@ -72,16 +91,32 @@ aclError aclrtSetDevice(int32_t id) {
   if (!initialised) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtSetDevice before aclInit");
   if (id != 0) return Fail(ACL_ERROR_INVALID_PARAM, "the twin has device 0 only");
   device = id;
+  current = &device_context;
   return ACL_SUCCESS;
 }
 aclError aclrtResetDevice(int32_t) {
   std::lock_guard<std::mutex> l(mu);
   device = -1;
+  current = nullptr;
+  return ACL_SUCCESS;
+}
+aclError aclrtGetCurrentContext(aclrtContext* context) {
+  std::lock_guard<std::mutex> l(mu);
+  if (current == nullptr) return Fail(ACL_ERROR_INVALID_PARAM, std::string("aclrtGetCurrentContext") + kNoContext);
+  *context = current;
+  return ACL_SUCCESS;
+}
+aclError aclrtSetCurrentContext(aclrtContext context) {
+  std::lock_guard<std::mutex> l(mu);
+  if (context != &device_context || device < 0)
+    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtSetCurrentContext: not a live context");
+  current = static_cast<Context*>(context);
   return ACL_SUCCESS;
 }
 aclError aclrtCreateStream(aclrtStream* stream) {
   std::lock_guard<std::mutex> l(mu);
   if (device < 0) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateStream before aclrtSetDevice");
+  if (current == nullptr) return Fail(ACL_ERROR_INVALID_PARAM, std::string("aclrtCreateStream") + kNoContext);
   Stream* s = new Stream;
   streams.push_back(s);
   *stream = s;
@@ -108,6 +143,7 @@ aclError aclrtGetDeviceInfo(uint32_t, aclrtDevAttr attr, int64_t* value) {
 aclError aclrtMalloc(void** p, size_t size, aclrtMemMallocPolicy) {
   std::lock_guard<std::mutex> l(mu);
   if (device < 0) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc before aclrtSetDevice");
+  if (current == nullptr) return Fail(ACL_ERROR_INVALID_PARAM, std::string("aclrtMalloc") + kNoContext);
   if (size == 0) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc of 0 bytes");
   *p = std::aligned_alloc(512, (size + 511) / 512 * 512);
   std::memset(*p, 0xCD, size);
@@ -117,6 +153,7 @@ aclError aclrtMalloc(void** p, size_t size, aclrtMemMallocPolicy) {
 }
 aclError aclrtFree(void* p) {
   std::lock_guard<std::mutex> l(mu);
+  if (current == nullptr) return Fail(ACL_ERROR_INVALID_PARAM, std::string("aclrtFree") + kNoContext);
   auto it = allocations.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocations.end()) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtFree of a pointer aclrtMalloc did not return");
   allocations.erase(it);
@@ -126,6 +163,7 @@ aclError aclrtFree(void* p) {
 }
 aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count, aclrtMemcpyKind kind) {
   std::lock_guard<std::mutex> l(mu);
+  if (current == nullptr) return Fail(ACL_ERROR_INVALID_PARAM, std::string("aclrtMemcpy") + kNoContext);
   if (count > dest_max) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy: count > destMax");
   bool dst_dev = InDevice(dst, count), src_dev = InDevice(src, count);
   if (kind == ACL_MEMCPY_HOST_TO_DEVICE && (!dst_dev || src_dev))
@@ -145,6 +183,7 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
   std::vector<Pending> work;
   {
     std::lock_guard<std::mutex> l(mu);
+    if (current == nullptr) return Fail(ACL_ERROR_INVALID_PARAM, std::string("aclrtSynchronizeStream") + kNoContext);
     Stream* s = static_cast<Stream*>(stream);
     bool known = false;
     for (Stream* t : streams) known |= t == s;
@@ -152,9 +191,19 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
     work.swap(s->pending);
   }
   aclError rc = ACL_SUCCESS;
+  const char* inject = std::getenv("TWIN_ACL_FAIL_SYNC");
+  const bool fail = inject && *inject && std::strcmp(inject, "0") != 0;
   for (Pending& p : work) {
-    const char* err = p.fn(p.ctx);
-    if (err && *err && rc == ACL_SUCCESS) rc = Fail(ACL_ERROR_RT_AICORE_EXCEPTION, err);
+    std::string err = p.fn(p.ctx);
+    if (err.empty() && fail) err = "injected AI core exception (TWIN_ACL_FAIL_SYNC)";
+    std::lock_guard<std::mutex> l(mu);
+    if (!err.empty() && rc == ACL_SUCCESS) rc = Fail(ACL_ERROR_RT_AICORE_EXCEPTION, err);
+    if (const char* path = std::getenv("TWIN_ACL_LOG")) {
+      if (FILE* log = std::fopen(path, "a")) {
+        std::fprintf(log, "run blockDim=%u %s%s\n", p.block_dim, err.empty() ? "ok" : "error: ", err.c_str());
+        std::fclose(log);
+      }
+    }
   }
   return rc;
 }
@@ -168,12 +217,13 @@ size_t twinAclDeviceSize(const void* p) {
 aclError twinAclEnqueue(aclrtStream stream, const char* (*fn)(void*), void* ctx, uint32_t block_dim,
                         const void* const* args, uint32_t num_args) {
   std::lock_guard<std::mutex> l(mu);
+  if (current == nullptr) return Fail(ACL_ERROR_INVALID_PARAM, std::string("kernel launch") + kNoContext);
   Stream* s = static_cast<Stream*>(stream);
   bool known = false;
   for (Stream* t : streams) known |= t == s;
   if (!known) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch on an unknown stream");
   if (block_dim == 0 || block_dim > 65535) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch: bad blockDim");
-  s->pending.push_back({fn, ctx, std::vector<const void*>(args, args + num_args)});
+  s->pending.push_back({fn, ctx, std::vector<const void*>(args, args + num_args), block_dim});
   ++stats.launches;
   stats.last_block_dim = block_dim;
   return ACL_SUCCESS;

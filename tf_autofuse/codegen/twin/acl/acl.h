@@ -7,6 +7,7 @@
 
 typedef int aclError;
 typedef void* aclrtStream;
+typedef void* aclrtContext;
 static const aclError ACL_SUCCESS = 0;
 static const aclError ACL_ERROR_INVALID_PARAM = 100000;
 static const aclError ACL_ERROR_REPEAT_INITIALIZE = 100002;
@@ -22,6 +23,8 @@ aclError aclInit(const char* config_path);
 aclError aclFinalize();
 aclError aclrtSetDevice(int32_t device_id);
 aclError aclrtResetDevice(int32_t device_id);
+aclError aclrtGetCurrentContext(aclrtContext* context);
+aclError aclrtSetCurrentContext(aclrtContext context);
 aclError aclrtCreateStream(aclrtStream* stream);
 aclError aclrtDestroyStream(aclrtStream stream);
 aclError aclrtGetDeviceInfo(uint32_t device_id, aclrtDevAttr attr, int64_t* value);

@@ -1,0 +1,157 @@
+"""Fused v1 Sessions whose AutofuseKernels run on the stand-in NPU (CPU twin + stand-in ACL).
+
+Run by tests/test_npu_dispatch.py in a fresh process: it installs the test-only
+`twin.StandinBackend` in place of CANN (`cann.set_backend_for_tests`), so the pass stamps
+`_autofuse_npu_library` on the fused nodes and the op kernel launches the twin-built library
+through the stand-in runtime, which logs every kernel run to $TWIN_ACL_LOG.
+Usage: python npu_session.py OUT_DIR   (writes OUT_DIR/report.json and OUT_DIR/arrays.npz)
+"""
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.core.protobuf import rewriter_config_pb2
+
+import tf_autofuse
+from tf_autofuse.codegen import cann, twin
+
+tf1 = tf.compat.v1
+OUT = Path(sys.argv[1])
+LOG = Path(os.environ["TWIN_ACL_LOG"])
+handler = logging.StreamHandler(sys.stderr)
+logging.getLogger("tf_autofuse").addHandler(handler)
+logging.getLogger("tf_autofuse").setLevel(logging.INFO)
+
+
+def config(fuse, **params):
+    cfg = tf1.ConfigProto()
+    rewrite = cfg.graph_options.rewrite_options
+    rewrite.use_plugin_optimizers = rewriter_config_pb2.RewriterConfig.OFF
+    if fuse:
+        custom = rewrite.custom_optimizers.add()
+        custom.name = tf_autofuse.OPTIMIZER_NAME
+        for key, value in params.items():
+            custom.parameter_map[key].s = str(value).encode()
+    return cfg
+
+
+def launches():
+    return LOG.read_text().splitlines() if LOG.exists() else []
+
+
+def run(build, feeds, fuse=True, runs=1, **params):
+    """(fetched values of the last run, {fused node: its NPU library attr or None}, runs logged)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        fetches, placeholders = build()
+        before = len(launches())
+        with tf1.Session(graph=graph, config=config(fuse, **params)) as sess:
+            metadata = tf1.RunMetadata()
+            for _ in range(runs):
+                values = sess.run(fetches, dict(zip(placeholders, feeds)),
+                                  options=tf1.RunOptions(output_partition_graphs=True),
+                                  run_metadata=metadata)
+    kernels = {}
+    for partition in metadata.partition_graphs:
+        for node in partition.node:
+            if node.op == "AutofuseKernel":
+                attr = node.attr.get(cann.NPU_LIBRARY_ATTR)
+                kernels[node.name] = attr.s.decode() if attr is not None else None
+    return values, kernels, launches()[before:]
+
+
+rng = np.random.default_rng(0)
+x32 = rng.uniform(-3, 3, (64, 300)).astype(np.float32)
+x16 = rng.uniform(-3, 3, (64, 300)).astype(np.float16)
+b16 = rng.uniform(-1, 1, 300).astype(np.float16)
+xr = rng.uniform(-2, 2, (48, 1000)).astype(np.float32)
+br = rng.uniform(-1, 1, 1000).astype(np.float32)
+xf = rng.uniform(-4, 4, (32, 100)).astype(np.float32)
+
+
+def pointwise():
+    x = tf1.placeholder(tf.float32, [64, 300], name="x")
+    return tf.exp(tf.nn.relu(tf.abs(x)), name="y"), [x]
+
+
+def broadcast():
+    x = tf1.placeholder(tf.float16, [64, 300], name="x")
+    b = tf1.placeholder(tf.float16, [300], name="b")
+    return tf.nn.relu(tf.abs(x) + b, name="y"), [x, b]
+
+
+def reduce():
+    x = tf1.placeholder(tf.float32, [48, 1000], name="x")
+    b = tf1.placeholder(tf.float32, [1000], name="b")
+    return [tf.reduce_sum(tf.square(x - b), axis=1, name="ssq"),
+            tf.reduce_max(tf.abs(x - b), axis=1, name="mx")], [x, b]
+
+
+def rms():  # arithmetic on the reduced value, once a row
+    x = tf1.placeholder(tf.float32, [48, 1000], name="x")
+    return tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=1) + 1e-5, name="y"), [x]
+
+
+def failing():
+    x = tf1.placeholder(tf.float32, [32, 100], name="x")
+    return tf.sigmoid(tf.tanh(x) * 2.0, name="y"), [x]
+
+
+report, arrays = {}, {}
+
+
+def as_list(values):
+    return values if isinstance(values, list) else [values]
+
+
+def case(name, build, feeds, runs=1, **params):
+    fused, kernels, logged = run(build, feeds, runs=runs, **params)
+    unfused, _, _ = run(build, feeds, fuse=False)
+    report[name] = {"kernels": kernels, "launches": logged}
+    for k, (f, u) in enumerate(zip(as_list(fused), as_list(unfused))):
+        arrays[f"{name}_fused_{k}"], arrays[f"{name}_unfused_{k}"] = f, u
+
+
+# 1. No CANN (and no stand-in): nothing stamped, the CPU kernel runs; one info line in all.
+cann.reset_for_tests()
+case("no_cann", pointwise, [x32])
+case("no_cann_again", broadcast, [x16, b16])
+
+# 2. The stand-in NPU.
+cann.set_backend_for_tests(twin.StandinBackend())
+case("pointwise", pointwise, [x32], runs=2)
+case("broadcast", broadcast, [x16, b16])
+case("reduce", reduce, [xr, br], autofuse_enable_pass="reduce")
+case("rms", rms, [xr], autofuse_enable_pass="reduce")
+
+# 3. Launches that fail: the CPU path, one warning for the kernel (two sessions, three runs).
+os.environ["TWIN_ACL_FAIL_SYNC"] = "1"
+case("failing", failing, [xf], runs=2)
+fused, kernels, logged = run(failing, [xf])
+report["failing_again"] = {"kernels": kernels, "launches": logged}
+arrays["failing_again_fused_0"] = fused
+del os.environ["TWIN_ACL_FAIL_SYNC"]
+
+
+# 4. A stamped library that does not load: one warning, the CPU kernel runs.
+def missing_library():
+    x = tf1.placeholder(tf.float32, [32, 100], name="x")
+    program = "in0: f32[32,100]\n%0 = Abs in0\n%1 = Sqrt %0\nout0 = %1\n"
+    y = tf_autofuse.ops().autofuse_kernel(inputs=[x], Tout=[tf.float32], program=program)[0]
+    y.op._set_attr(cann.NPU_LIBRARY_ATTR, attr_value_pb2.AttrValue(s=b"/nonexistent/libnpu.so"))
+    return y, [x]
+
+
+fused, kernels, logged = run(missing_library, [xf], fuse=False, runs=2)
+report["missing_library"] = {"kernels": kernels, "launches": logged}
+arrays["missing_library_fused_0"] = fused
+
+np.savez(OUT / "arrays.npz", x32=x32, x16=x16, b16=b16, xr=xr, br=br, xf=xf, **arrays)
+(OUT / "report.json").write_text(json.dumps(report, indent=1))
+print("done")

@@ -1,0 +1,207 @@
+"""The NPU path of the running product, end to end on the stand-in runtime (issue 6).
+
+No CANN and no NPU here: tests/scripts/npu_session.py installs the test-only
+`twin.StandinBackend` in place of the CANN toolchain, in a fresh process. The pass then stamps
+`_autofuse_npu_library` on each fused node, the AutofuseKernel op loads that library
+(codegen/host/npu_dispatch.h) and launches it through its ACL launcher, and the stand-in
+libascendcl.so runs the twin-built kernel and logs every run. The tests assert the structure
+(the attr on the executed node, the runs the runtime logged, the warnings) and the numbers
+(fused on the stand-in NPU == numpy and unfused TensorFlow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorflow.core.framework import graph_pb2
+
+from tf_autofuse import _warn
+from tf_autofuse.codegen import cann
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests/scripts/npu_session.py"
+LAUNCH_FAILED = "the NPU launch failed"
+NOT_LOADED = "the NPU kernel library is not used"
+
+
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    out = tmp_path_factory.mktemp("npu")
+    env = dict(os.environ)
+    for key in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "ASCEND_TOOLKIT_HOME", "TWIN_ACL_FAIL_SYNC",
+                "TWIN_ACL_VECTOR_CORES"):
+        env.pop(key, None)
+    env.update({"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "1",  # C++ warnings are shown
+                "TWIN_ACL_LOG": str(out / "acl.log"), "ASCEND_HOME_PATH": str(out / "no-cann")})
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(out)], env=env, cwd=out,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    report = json.loads((out / "report.json").read_text())
+    arrays = dict(np.load(out / "arrays.npz"))
+    return report, arrays, proc.stderr
+
+
+def only_kernel(report, case):
+    kernels = report[case]["kernels"]
+    assert len(kernels) == 1, kernels
+    return next(iter(kernels.items()))
+
+
+def assert_on_npu(report, case, runs):
+    name, library = only_kernel(report, case)
+    assert library and Path(library).is_file(), (name, library)  # the attr on the executed node
+    assert report[case]["launches"] == [report[case]["launches"][0]] * runs
+    assert report[case]["launches"][0].endswith(" ok"), report[case]["launches"]
+    return name
+
+
+def test_without_cann_nothing_is_stamped_and_one_info_line(child):
+    report, arrays, stderr = child
+    for case in ("no_cann", "no_cann_again"):
+        name, library = only_kernel(report, case)
+        assert library is None and report[case]["launches"] == []
+    assert stderr.count("no CANN toolkit") == 1, stderr[-3000:]
+    assert "fused kernels run on the CPU" in stderr
+    x = arrays["x32"]
+    np.testing.assert_allclose(arrays["no_cann_fused_0"], np.exp(np.abs(x)), rtol=1e-6)
+
+
+def test_pointwise_chain_runs_on_the_stand_in_npu(child):
+    report, arrays, _ = child
+    assert assert_on_npu(report, "pointwise", runs=2) == "autofuse_pointwise_0_Abs_Relu_Exp"
+    x = arrays["x32"]
+    np.testing.assert_allclose(arrays["pointwise_fused_0"], np.exp(np.abs(x.astype(np.float64))),
+                               rtol=1e-6)
+    np.testing.assert_allclose(arrays["pointwise_fused_0"], arrays["pointwise_unfused_0"], rtol=1e-6)
+
+
+def test_broadcast_group_runs_on_the_stand_in_npu(child):
+    report, arrays, _ = child
+    assert assert_on_npu(report, "broadcast", runs=1) == "autofuse_pointwise_0_Abs_AddV2_Relu"
+    x, b = arrays["x16"].astype(np.float32), arrays["b16"].astype(np.float32)
+    want = np.maximum(np.abs(x) + b, 0).astype(np.float16)  # fp32 inside, rounded once
+    fused = arrays["broadcast_fused_0"]
+    assert fused.dtype == np.float16 and fused.shape == (64, 300)
+    np.testing.assert_array_equal(fused, want)
+    np.testing.assert_array_equal(fused, arrays["broadcast_unfused_0"])
+
+
+def test_reduce_group_runs_on_the_stand_in_npu(child):
+    report, arrays, _ = child
+    name = assert_on_npu(report, "reduce", runs=1)
+    assert name.startswith("autofuse_reduce_0_") and "Sum" in name and "Max" in name
+    x, b = arrays["xr"].astype(np.float64), arrays["br"].astype(np.float64)
+    ssq, mx = arrays["reduce_fused_0"], arrays["reduce_fused_1"]
+    assert ssq.shape == mx.shape == (48,)
+    np.testing.assert_allclose(ssq, ((x - b) ** 2).sum(axis=1), rtol=1e-5)
+    np.testing.assert_array_equal(mx, np.abs(arrays["xr"] - arrays["br"]).max(axis=1))
+    np.testing.assert_allclose(ssq, arrays["reduce_unfused_0"], rtol=1e-5)
+    np.testing.assert_array_equal(mx, arrays["reduce_unfused_1"])
+
+
+def test_arithmetic_on_a_reduced_value_runs_on_the_stand_in_npu(child):
+    report, arrays, _ = child
+    assert assert_on_npu(report, "rms", runs=1) == "autofuse_reduce_0_Square_Mean_AddV2_Rsqrt"
+    x = arrays["xr"].astype(np.float64)
+    want = 1 / np.sqrt((x * x).mean(axis=1) + 1e-5)
+    np.testing.assert_allclose(arrays["rms_fused_0"], want, rtol=1e-5)
+    np.testing.assert_allclose(arrays["rms_fused_0"], arrays["rms_unfused_0"], rtol=1e-5)
+
+
+def test_failed_launch_falls_back_to_the_cpu_with_one_warning(child):
+    report, arrays, stderr = child
+    name, library = only_kernel(report, "failing")
+    assert library and only_kernel(report, "failing_again") == (name, library)
+    # one attempt per kernel: the second run of the session went straight to the CPU; the next
+    # session's kernel tried once more and failed the same way, without a second warning
+    for case in ("failing", "failing_again"):
+        assert len(report[case]["launches"]) == 1, report[case]
+        assert "error: injected AI core exception" in report[case]["launches"][0]
+    warnings = [line for line in stderr.splitlines() if LAUNCH_FAILED in line]
+    assert len(warnings) == 1, warnings
+    assert f"AutofuseKernel '{name}'" in warnings[0]
+    assert "aclrtSynchronizeStream" in warnings[0] and "injected AI core exception" in warnings[0]
+    x = arrays["xf"].astype(np.float64)
+    want = 1 / (1 + np.exp(-np.tanh(x) * 2))
+    for key in ("failing_fused_0", "failing_again_fused_0"):
+        np.testing.assert_allclose(arrays[key], want, rtol=1e-6)
+    np.testing.assert_allclose(arrays["failing_fused_0"], arrays["failing_unfused_0"], rtol=1e-6)
+
+
+def test_library_that_does_not_load_is_one_warning_and_the_cpu_kernel(child):
+    report, arrays, stderr = child
+    assert report["missing_library"]["launches"] == []
+    warnings = [line for line in stderr.splitlines() if NOT_LOADED in line]
+    assert len(warnings) == 1 and "/nonexistent/libnpu.so" in warnings[0], warnings
+    np.testing.assert_allclose(arrays["missing_library_fused_0"], np.sqrt(np.abs(arrays["xf"])),
+                               rtol=1e-6)
+    assert "AutofuseWarning" not in stderr, stderr[-3000:]
+
+
+# ---- attach_npu_libraries, in this process ---------------------------------------------------
+
+def fused_graph(program="in0: f32[?]\n%0 = Abs in0\nout0 = %0\n"):
+    g = graph_pb2.GraphDef()
+    node = g.node.add(name="autofuse_pointwise_0_Abs", op="AutofuseKernel")
+    node.attr["program"].s = program.encode()
+    return g
+
+
+class Backend:
+    def __init__(self, build):
+        self.detected, self.build = 0, build
+
+    def detect(self, environ=None):
+        self.detected += 1
+        return cann.Cann(Path("/x"), Path("/x/bisheng"), Path("/x/libascendcl.so"), None), ""
+
+
+@pytest.fixture
+def backend():
+    cann.reset_for_tests()
+    _warn.reset()
+    yield
+    cann.set_backend_for_tests(None)
+    cann.reset_for_tests()
+
+
+def test_attach_never_raises_and_warns_once(backend):
+    def broken(kernel, found):
+        raise OSError("disk on fire")
+    cann.set_backend_for_tests(Backend(broken))
+    with pytest.warns(_warn.AutofuseWarning, match="disk on fire") as record:
+        assert cann.attach_npu_libraries(fused_graph(), blacklist=()) == 0
+        assert cann.attach_npu_libraries(fused_graph(), blacklist=()) == 0
+    assert len(record) == 1
+
+
+def test_attach_skips_graphs_without_fused_nodes_and_remembers_builds(backend, tmp_path):
+    built = []
+    lib = tmp_path / "lib.so"
+
+    def build(kernel, found):
+        built.append(kernel)
+        return lib
+    fake = Backend(build)
+    cann.set_backend_for_tests(fake)
+    assert cann.attach_npu_libraries(graph_pb2.GraphDef()) == 0 and fake.detected == 0
+    for _ in range(3):
+        g = fused_graph()
+        assert cann.attach_npu_libraries(g, blacklist=()) == 1
+        assert g.node[0].attr[cann.NPU_LIBRARY_ATTR].s.decode() == str(lib)
+    assert len(built) == 1  # generated and built once per process
+    # the blacklist reaches the generator: an f16 Exp computed in half is another kernel
+    f16 = "in0: f16[?]\n%0 = Exp in0\nout0 = %0\n"
+    cann.attach_npu_libraries(fused_graph(f16), blacklist={"Exp"})
+    cann.attach_npu_libraries(fused_graph(f16), blacklist=())
+    assert [k.half_ops for k in built[1:]] == [("%0 = Exp",), ()]
+    # a program the generator refuses is not stamped (and not built)
+    g = fused_graph("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n")
+    assert cann.attach_npu_libraries(g, blacklist=()) == 0 and len(built) == 3
+    assert cann.NPU_LIBRARY_ATTR not in g.node[0].attr
