@@ -53,6 +53,16 @@ def _parse_passes(text: str) -> tuple:
     return tuple(names)
 
 
+COST_MODELS = ("none", "memory_bandwidth", "compute_density", "latency")
+
+
+def _parse_cost_model(text: str) -> str:
+    name = text.strip()
+    if name not in COST_MODELS:
+        raise ValueError
+    return name
+
+
 def _parse_positive(text: str) -> int:
     value = _parse_count(text)
     if value < 1:
@@ -138,6 +148,10 @@ _SPECS: dict[str, _Spec] = {
     "max_input_nums_after_fuse": _Spec(
         FLAGS_ENV, _parse_positive, "an integer >= 1", 8,
         "most distinct inputs of one fused kernel"),
+    "cost_model": _Spec(
+        FLAGS_ENV, _parse_cost_model, "one of " + ", ".join(COST_MODELS), "none",
+        "the partitioner's cost model (README, API: cost models); none fuses whatever the "
+        "limits allow"),
     "skip_node_names_cfg": _Spec(
         DFX_FLAGS_ENV, _parse_path, "the path of an ini file with [ByNodeName] and "
         "[ByNodeType] sections", None,
@@ -156,6 +170,7 @@ class Flags:
     recomputation_threshold: int = 0
     max_input_nums_after_fuse: int = 8
     skip_node_names_cfg: Optional[SkipList] = None
+    cost_model: str = "none"
 
     def with_overrides(self, overrides: Mapping[str, str], source: str) -> "Flags":
         """Flags with `overrides` (key -> text value, as a ConfigProto parameter_map gives them)."""
