@@ -163,6 +163,10 @@ def test_symbolic_shapes_link_tensors_of_one_unknown_batch():
 
 
 def test_the_readme_example_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("## API\n"):].split("```python\n", 1)[1].split("```", 1)[0]
+    script = (ROOT / "examples/api/quickstart.py").read_text()
+    assert script.split('"""\n\n', 1)[1] == block  # the README shows the example as it is
     runpy.run_path(str(ROOT / "examples/api/quickstart.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "kernels: 4 -> 1 | operators: 4 | fused kernels: 1" in out
@@ -206,6 +210,11 @@ def test_bad_config_names_the_key_and_the_accepted_values(key, value, words):
 def test_config_values_and_limits_apply():
     fuser = tf_autofuse.Fuser(passes=["reduce", "pointwise"], max_fusion_size="2")
     assert fuser.config.passes == ("pointwise", "reduce") and fuser.config.max_fusion_size == 2
+    other = tf_autofuse.Fuser()
+    other.config = {"max_fusion_size": 2}
+    assert other.config.max_fusion_size == 2
+    with pytest.raises(tf_autofuse.ConfigError, match="takes a FuserConfig or a dict"):
+        other.config = 2
     fused = fuser.fuse(swish_graph(), outputs=["y"])
     assert [len(f.nodes) for f in fused.fusions] == [2, 2]
     assert tf_autofuse.fuse(swish_graph(), outputs=["y"], skip_op_types="Sigmoid").fusions[0] \

@@ -240,8 +240,24 @@ class Fuser:
 
     def __init__(self, config: Optional[FuserConfig] = None, patterns: Iterable[Pattern] = (),
                  **values):
-        self.config = (config.copy() if config is not None else FuserConfig()).update(**values)
+        self.config = config if config is not None else FuserConfig()
+        self._config.update(**values)
         self._patterns = [_check_pattern(p) for p in patterns]
+
+    @property
+    def config(self) -> FuserConfig:
+        return self._config
+
+    @config.setter
+    def config(self, value) -> None:
+        """A FuserConfig (copied) or a mapping of config keys."""
+        if isinstance(value, FuserConfig):
+            self._config = value.copy()
+        elif isinstance(value, Mapping):
+            self._config = FuserConfig(**value)
+        else:
+            raise ConfigError(f"Fuser.config takes a FuserConfig or a dict of its keys, not "
+                              f"{type(value).__name__}")
 
     @classmethod
     def from_flags(cls, flags, patterns: Optional[Iterable[Pattern]] = None) -> "Fuser":

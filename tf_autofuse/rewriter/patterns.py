@@ -7,8 +7,8 @@ Its `fuse(graph, nodes)` then decides:
   a name (str)      the nodes become one fused kernel `autofuse_pattern_<n>_<name>`, lowered like
                     any other group (so it runs on every backend), if the nodes can be one
                     program: each must be fusible on its own (catalog op, CPU, not fed, not inside
-                    disable_autofuse() or the skip list), together they must not close a cycle
-                    and must lower; otherwise the match is refused with the reason;
+                    disable_autofuse() or the skip list), together they must sit on one device,
+                    not close a cycle and lower; otherwise the match is refused with the reason;
   Pattern.FORBID    the nodes are never fused, neither by patterns nor by the partitioner;
   None              nothing: the nodes stay for the partitioner.
 
@@ -147,6 +147,9 @@ def _legal(view: GraphView, nodes: tuple, policy, absorbable) -> tuple:
         reason = _refuse_candidate(view, name, policy.feeds, candidate_policy)
         if reason is not None:
             return f"{name}: {reason}", None
+    devices = sorted({view.device(name) for name in nodes})
+    if len(devices) > 1:
+        return f"the nodes are placed on different devices ({', '.join(map(repr, devices))})", None
     through = _cycle_through(view, set(nodes))
     if through is not None:
         return f"the nodes would create a cycle through {through}", None
