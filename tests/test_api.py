@@ -162,6 +162,21 @@ def test_symbolic_shapes_link_tensors_of_one_unknown_batch():
     assert shapes["gate"] == [(batch, 64)] and shapes["y"] == [(batch, 64)]
 
 
+def test_symbolic_batch_follows_convolutions():
+    """A residual add of two convolutions of one unknown batch: known to match, so it fuses."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 8, 8, 3], name="x")
+        kernel = tf.constant(rng(10).uniform(-1, 1, (3, 3, 3, 4)).astype(np.float32))
+        a = tf.nn.conv2d(x, kernel, 1, "SAME", name="a")
+        b = tf.nn.conv2d(tf.abs(x), kernel, 1, "SAME", name="b")
+        tf.nn.relu(tf.add(a, b, name="sum") * 0.5, name="y")
+    fused = tf_autofuse.fuse(graph, outputs=["y"])
+    assert fused_names(fused) == ["autofuse_pointwise_0_AddV2_Mul_Relu"]
+    data = rng(11).uniform(-1, 1, (2, 8, 8, 3)).astype(np.float32)
+    assert fused.verify({"x": data}) <= 1e-5
+
+
 def test_the_readme_example_runs(capsys):
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index("## API\n"):].split("```python\n", 1)[1].split("```", 1)[0]

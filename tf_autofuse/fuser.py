@@ -400,8 +400,8 @@ _SAME_SHAPE = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradien
                          "FusedBatchNormV2", "FusedBatchNormV3", "EnsureShape"})
 # Output 0's first dimension is input 0's first (the batch of NHWC/NCHW ops); MatMul: rows.
 _BATCH_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MaxPool", "AvgPool",
-                        "MaxPool3D", "AvgPool3D", "MatMul", "Pad", "PadV2", "MirrorPad",
-                        "ResizeBilinear", "ResizeNearestNeighbor", "ResizeBicubic"})
+                        "MaxPool3D", "AvgPool3D", "MatMul", "ResizeBilinear",
+                        "ResizeNearestNeighbor", "ResizeBicubic"})
 
 
 def _tf_static_shapes(graph_def, tf_graph) -> dict:
