@@ -5,6 +5,10 @@ FlagError naming the key), loads the AutofuseKernel op and the Grappler bridge (
 them on first import), and, with `--enable_autofuse=true`, makes the bridge TensorFlow's CPU
 plugin optimizer so that every graph of the process is fused. Sessions can also ask for it
 by name: RewriterConfig.custom_optimizers "AutofuseOptimizer".
+
+The Python API (fuser.py): `fuse(graph)` / `Fuser(...).fuse(graph)` return a FusedGraph
+(counts, report, run, verify); `Pattern` subclasses claim subgraphs before the partitioner,
+per Fuser (`fuser.register_pattern`) or for the Grappler path (`register_pattern`).
 """
 
 from __future__ import annotations
@@ -13,13 +17,18 @@ from . import _bridge, _native, compat, flags
 from ._build import BuildError
 from ._warn import AutofuseWarning, warn_once
 from .flags import FlagError, Flags
+from .fuser import (ConfigError, FusedGraph, Fuser, FuserConfig, fuse, register_pattern,
+                    registered_patterns, unregister_pattern)
+from .rewriter.patterns import Pattern, PatternGraph
 from .rewriter.scope import disable_autofuse
 
 __version__ = "0.1.0"
 OPTIMIZER_NAME = "AutofuseOptimizer"
 
-__all__ = ["AutofuseWarning", "BuildError", "FlagError", "Flags", "OPTIMIZER_NAME", "compat",
-           "config", "disable_autofuse", "is_available", "ops"]
+__all__ = ["AutofuseWarning", "BuildError", "ConfigError", "FlagError", "Flags", "FusedGraph",
+           "Fuser", "FuserConfig", "OPTIMIZER_NAME", "Pattern", "PatternGraph", "compat",
+           "config", "disable_autofuse", "fuse", "is_available", "ops", "register_pattern",
+           "registered_patterns", "unregister_pattern"]
 
 
 def _initialise() -> bool:

@@ -4,6 +4,8 @@
 statically inferred shapes and the session's parameter_map, and returns the rewritten
 GraphDef's bytes, or None for "leave the graph as it is". It never raises: any failure
 becomes one AutofuseWarning and the graph runs unfused (invariant 3 of DESIGN.md).
+The rewrite is the Python API's: `Fuser.from_flags(flags)`, with the patterns registered by
+tf_autofuse.register_pattern.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import traceback
 
 from tensorflow.core.framework import graph_pb2
 
-from . import debug, rewriter
+from . import debug
 from ._warn import warn_once
 from .codegen import cann
 from .flags import Flags
+from .fuser import Fuser
 
 _process_flags = Flags()
 
@@ -48,8 +51,7 @@ def optimize(graph_bytes: bytes, preserve, feeds, shapes, params, source: str):
         if not flags.enable_autofuse or flags.max_fusion_size == 0:
             return None
         graph_def = graph_pb2.GraphDef.FromString(graph_bytes)
-        result = rewriter.rewrite(graph_def, preserve=preserve, flags=flags, shapes=shapes,
-                                  feeds=feeds)
+        result = Fuser.from_flags(flags).rewrite(graph_def, preserve, shapes, feeds)
         if flags.codegen_compile_debug:
             debug.dump(flags.debug_dir, graph_def, result)
             if result.fusions:  # the Ascend C each fused kernel would run as (never raises)

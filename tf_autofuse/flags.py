@@ -74,6 +74,16 @@ def _op_names() -> str:
     return ", ".join(sorted({spec.ir_name for spec in catalog.OPS}))
 
 
+COST_MODELS = ("none", "memory_bandwidth", "compute_density", "latency")
+
+
+def _parse_cost_model(text: str) -> str:
+    name = text.strip()
+    if name not in COST_MODELS:
+        raise ValueError
+    return name
+
+
 def _parse_positive(text: str) -> int:
     value = _parse_count(text)
     if value < 1:
@@ -162,6 +172,10 @@ _SPECS: dict[str, _Spec] = {
     "max_input_nums_after_fuse": _Spec(
         FLAGS_ENV, _parse_positive, "an integer >= 1", 8,
         "most distinct inputs of one fused kernel"),
+    "cost_model": _Spec(
+        FLAGS_ENV, _parse_cost_model, "one of " + ", ".join(COST_MODELS), "none",
+        "the partitioner's cost model (README, API: cost models); none fuses whatever the "
+        "limits allow"),
     "skip_node_names_cfg": _Spec(
         DFX_FLAGS_ENV, _parse_path, "the path of an ini file with [ByNodeName] and "
         "[ByNodeType] sections", None,
@@ -187,6 +201,7 @@ class Flags:
     max_input_nums_after_fuse: int = 8
     skip_node_names_cfg: Optional[SkipList] = None
     autofuse_enhance_precision_blacklist: frozenset = frozenset()
+    cost_model: str = "none"
 
     def with_overrides(self, overrides: Mapping[str, str], source: str) -> "Flags":
         """Flags with `overrides` (key -> text value, as a ConfigProto parameter_map gives them)."""

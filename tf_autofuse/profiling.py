@@ -158,8 +158,11 @@ def executed_function_graphs(fn, *args, **kwargs):
     return [graphs.post_optimization_graph for graphs in metadata.function_graphs]
 
 
-# Nodes that move or name data but compute nothing: left out of kernel counts.
-BOOKKEEPING_OPS = frozenset({"_Arg", "_Retval", "Const", "NoOp", "ReadVariableOp", "Identity"})
+# Nodes that move or name data but compute nothing: left out of kernel counts. Placeholder and
+# PlaceholderWithDefault are a GraphDef's inputs (an executed graph's _Arg), for counts of graphs
+# before they run (tf_autofuse.FusedGraph).
+BOOKKEEPING_OPS = frozenset({"_Arg", "_Retval", "Const", "NoOp", "ReadVariableOp", "Identity",
+                             "Placeholder", "PlaceholderWithDefault"})
 
 
 def compute_kernels(graphs) -> "collections.Counter[str]":

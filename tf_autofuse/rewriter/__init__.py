@@ -3,6 +3,8 @@
     graph.py      read-only view of the GraphDef
     catalog.py    the table of supported ops (IR ops, and how each TF op type lowers)
     partition.py  which nodes fuse (policy, with a reason for every refusal)
+    cost.py       the cost models the partitioner may consult (memory_bandwidth, ...)
+    patterns.py   user patterns (Pattern), run before the partitioner
     lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
     scope.py      disable_autofuse(): the attr that keeps nodes out of every fusion
     naming.py     autofuse_<kind>_<n>_<Op>_<Op>...
@@ -16,27 +18,29 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from tensorflow.core.framework import graph_pb2
 
-from . import catalog
+from . import catalog, cost
 from .graph import GraphView, Shape, node_name
 from .lower import Unfusible, build, keeps_name
 from .naming import Namer
 from .partition import Policy, Refusal, find_groups, plan_recomputation
+from .patterns import Pattern, PatternGraph, apply_patterns
 from .splice import FUSED_OP, Planned, splice
 
 DEFAULT_MAX_FUSION_SIZE = 64
 DEFAULT_MAX_INPUTS = 8
 
-__all__ = ["Fusion", "Refusal", "Rewrite", "rewrite", "optimize", "policy_from_flags",
-           "FUSED_OP"]
+__all__ = ["Fusion", "Pattern", "PatternGraph", "Refusal", "Rewrite", "rewrite", "optimize",
+           "policy_from_flags", "FUSED_OP"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Fusion:
     name: str  # the AutofuseKernel node
-    kind: str  # "pointwise" or "reduce"
+    kind: str  # "pointwise", "reduce", or "pattern" (claimed by a user Pattern)
     nodes: tuple  # original node names, topological order
-    op_types: tuple  # TF op types, in program order
+    op_types: tuple  # TF op types, in program order (recomputed copies included)
     program: str  # the program text
+    absorbed: tuple = ()  # view nodes (Reshape, ...) read through and removed from the graph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +54,14 @@ def policy_from_flags(flags, preserve=frozenset()) -> Policy:
     """The partitioning policy a flags object asks for (any object; missing attrs: defaults).
 
     Reads max_fusion_size, max_input_nums_after_fuse, recomputation_threshold,
-    autofuse_enable_pass / autofuse_disable_pass (tuples of pass names) and
-    skip_node_names_cfg (an object with `names` and `types`, or None).
+    autofuse_enable_pass / autofuse_disable_pass (tuples of pass names),
+    skip_node_names_cfg (an object with `names` and `types`, or None), cost_model ("none" or
+    one of cost.MODELS; ValueError otherwise) and enable_auto_fusion (default true).
     """
     enable = tuple(getattr(flags, "autofuse_enable_pass", ()) or ())
     disable = tuple(getattr(flags, "autofuse_disable_pass", ()) or ())
     skip = getattr(flags, "skip_node_names_cfg", None)
+    cost_model = cost.check_model(str(getattr(flags, "cost_model", cost.NONE) or cost.NONE))
     return Policy(
         max_fusion_size=int(getattr(flags, "max_fusion_size", DEFAULT_MAX_FUSION_SIZE)),
         max_inputs=int(getattr(flags, "max_input_nums_after_fuse", DEFAULT_MAX_INPUTS)),
@@ -65,6 +71,8 @@ def policy_from_flags(flags, preserve=frozenset()) -> Policy:
         skip_names=frozenset(getattr(skip, "names", ()) or ()),
         skip_types=frozenset(getattr(skip, "types", ()) or ()),
         preserve=frozenset(preserve),
+        cost_model=cost_model,
+        auto=bool(getattr(flags, "enable_auto_fusion", True)),
     )
 
 
@@ -74,6 +82,7 @@ def rewrite(
     flags=None,
     shapes: Optional[Mapping[str, Sequence[Shape]]] = None,
     feeds: Iterable[str] = (),
+    patterns: Sequence[Pattern] = (),
 ) -> Rewrite:
     """Fuse what can be fused. The input is never mutated; `.graph_def` is a new GraphDef.
 
@@ -81,6 +90,7 @@ def rewrite(
     flags: any object; see `policy_from_flags` for the attributes read.
     shapes: node name -> static shape of each output (tuple, -1 unknown size; None unknown rank).
     feeds: node names the caller feeds; they are never fused.
+    patterns: user Patterns, run before the partitioner (patterns.py); their kernels come first.
     """
     preserve = frozenset(node_name(p) for p in preserve)
     feeds = frozenset(node_name(f) for f in feeds)
@@ -88,15 +98,13 @@ def rewrite(
     unchanged = graph_pb2.GraphDef()
     unchanged.CopyFrom(graph_def)
     candidates = catalog.candidate_op_types()
-    if policy.max_fusion_size <= 0 or not policy.pointwise or not any(
+    patterns = tuple(patterns or ())
+    auto = policy.auto and policy.pointwise
+    if policy.max_fusion_size <= 0 or not (auto or patterns) or not any(
             node.op in candidates for node in graph_def.node):
         return Rewrite(unchanged, [], [])
 
     view = GraphView(graph_def, shapes)
-    groups, refusals = find_groups(view, feeds, policy=policy)
-    if not groups:
-        return Rewrite(unchanged, [], refusals)
-    served = plan_recomputation(view, groups, policy)
 
     def absorbable(name: str, members) -> bool:
         node = view.node(name)
@@ -107,8 +115,27 @@ def rewrite(
                 and view.device_type(name) == "CPU" and len(view.data_inputs(name)) >= 1
                 and "_class" not in node.attr)
 
+    claims, refusals, groups, served = [], [], [], {}
+    if patterns:
+        claims, excluded, refusals = apply_patterns(view, patterns, policy, absorbable)
+        policy = dataclasses.replace(policy, excluded=tuple(excluded.items()))
+    if auto:
+        groups, auto_refusals = find_groups(view, feeds, policy=policy)
+        refusals = refusals + auto_refusals
+        if groups:
+            served = plan_recomputation(view, groups, policy, refusals)
+    if not groups and not claims:
+        return Rewrite(unchanged, [], refusals)
+
     namer = Namer(node.name for node in graph_def.node)
     plans, fusions = [], []
+    for claim in claims:
+        name = namer.name("pattern", [claim.suffix])
+        keep = frozenset(m for m in claim.members if keeps_name(view, m, preserve))
+        plans.append(Planned(name, claim.members, view.device(claim.members[0]), claim.lowered,
+                             keep))
+        fusions.append(Fusion(name, "pattern", claim.members, claim.lowered.op_types,
+                              claim.lowered.program.print(), claim.lowered.absorbed))
     for group in groups:
         members = sorted(set(group.members) | set(group.private), key=view.position.get)
         try:
@@ -121,7 +148,7 @@ def rewrite(
         plans.append(Planned(name, tuple(group.members), group.device, lowered, keep))
         fusions.append(
             Fusion(name, lowered.kind, tuple(group.members), lowered.op_types,
-                   lowered.program.print())
+                   lowered.program.print(), lowered.absorbed)
         )
     return Rewrite(splice(view, plans, preserve | feeds), fusions, refusals)
 

@@ -575,3 +575,21 @@ def output_shape(node, inputs, shapes, const_of):
         return broadcast_shapes(data)
     except (Unsupported, IndexError):
         return None
+
+
+# --- cost weights (read by cost.py, the partitioner's cost models) ----------------------------
+
+# Transcendental ops: an exp, log, trigonometric or hyperbolic function (or one built on them)
+# per element. On a CPU core one costs about EXPENSIVE_WEIGHT cheap ops (add, mul, compare...).
+EXPENSIVE_OPS = frozenset({
+    "Exp", "Expm1", "Log", "Log1p", "Sigmoid", "Tanh", "Softplus", "Erf", "Sin", "Cos", "Tan",
+    "Atan", "Sinh", "Cosh", "Elu", "Selu", "Pow"})
+EXPENSIVE_WEIGHT = 8
+
+
+def op_weight(op_type: str) -> int:
+    """Rough cost of one element of a TF op type, in cheap ops (1 for add, mul, abs, ...)."""
+    if op_type in EXPENSIVE_OPS:
+        return EXPENSIVE_WEIGHT
+    entry = tf_op(op_type)
+    return max(1, len(entry.ir_ops)) if entry is not None else 1

@@ -15,6 +15,10 @@ it), or the union does not lower (lower.build says why). Every "no" is recorded 
 
 With `recomputation_threshold` N > 0, a group that reads a value another group computes takes
 a private copy of the nodes computing it (at most N compute ops) instead (`plan_recomputation`).
+
+With a cost model (`Policy.cost_model`, cost.py) each merge and each recomputation that passes
+the limits is also put to the model, which may decline it with a reason. Nodes in
+`Policy.excluded` (claimed or forbidden by a user pattern, patterns.py) are never candidates.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import AbstractSet, Iterable, NamedTuple, Optional
 
-from . import catalog
+from . import catalog, cost
 from .graph import GraphView, node_name
 from .lower import Lowered, Unfusible, build, compute_ops
 from .scope import ATTR as DISABLE_ATTR
@@ -45,6 +49,9 @@ class Policy:
     skip_types: frozenset = frozenset()
     preserve: frozenset = frozenset()
     feeds: frozenset = frozenset()
+    cost_model: str = cost.NONE  # "none" or one of cost.MODELS
+    auto: bool = True  # the automatic partitioner runs (False: only user patterns fuse)
+    excluded: tuple = ()  # (node, reason) pairs kept out of the partitioner; reason "" is silent
 
 
 @dataclasses.dataclass
@@ -156,8 +163,13 @@ def find_groups(
     merge_refusals: list[tuple] = []  # (index in refusals, producer)
     group_of: dict[str, Group] = {}
     candidate_types = catalog.candidate_op_types()
+    excluded = dict(policy.excluded)
     for name in view.order:
         if view.node(name).op not in candidate_types:
+            continue
+        if name in excluded:
+            if excluded[name]:
+                refusals.append(Refusal(name, excluded[name]))
             continue
         reason = _refuse_candidate(view, name, feeds, policy)
         size = len(compute_ops(view, name))
@@ -232,6 +244,13 @@ def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Polic
         return f"cannot join {producer}'s group: {err}", None
     if len(lowered.inputs) > policy.max_inputs:
         return _too_many(len(lowered.inputs), policy), None
+    if policy.cost_model != cost.NONE:
+        apart = (cost.estimate(view, group.members, group.lowered)
+                 + cost.estimate(view, other.members, other.lowered))
+        fused = cost.estimate(view, members, lowered)
+        reason = cost.merge_refusal(policy.cost_model, fused, apart)
+        if reason is not None:
+            return reason, None
     return None, lowered
 
 
@@ -246,9 +265,36 @@ def _ancestry(view: GraphView, name: str, members: AbstractSet[str]) -> set:
     return seen
 
 
-def plan_recomputation(view: GraphView, groups: list, policy: Policy) -> dict:
+def _lowering_with(view: GraphView, group: Group, served: dict, policy: Policy) -> Lowered:
+    """The group's program when `served` says which of its values others recompute."""
+    try:
+        return build(view, sorted(set(group.members) | set(group.private), key=view.position.get),
+                     policy.preserve, private=set(group.private), served=served,
+                     feeds=policy.feeds)
+    except Unfusible:
+        return group.lowered
+
+
+def _recompute_refusal(view, group, other, copies, lowered, served, policy) -> Optional[str]:
+    """The cost model's view of `group` recomputing `copies` of `other` as `lowered`."""
+    readers = {copy: {c for c, _, _ in view.data_consumers(copy) if c in group.members}
+               for copy in copies}
+    then = {k: set(v) for k, v in served.items()}
+    for copy, names in readers.items():
+        then.setdefault(copy, set()).update(names)
+    owner = set(other.members) | set(other.private)
+    before = (cost.estimate(view, set(group.members) | set(group.private), group.lowered)
+              + cost.estimate(view, owner, _lowering_with(view, other, served, policy)))
+    after = (cost.estimate(view, set(group.members) | set(group.private) | set(copies), lowered)
+             + cost.estimate(view, owner, _lowering_with(view, other, then, policy)))
+    return cost.recompute_refusal(policy.cost_model, copies, view, before, after)
+
+
+def plan_recomputation(view: GraphView, groups: list, policy: Policy,
+                       refusals: Optional[list] = None) -> dict:
     """Give groups private copies of cheap producers of other groups; returns `served`
-    (member -> consumers that recompute it). Groups' `private` and `lowered` are updated."""
+    (member -> consumers that recompute it). Groups' `private` and `lowered` are updated.
+    A recomputation the cost model declines is appended to `refusals` (node, reason)."""
     served: dict[str, set] = {}
     if policy.recomputation_threshold <= 0:
         return served
@@ -273,6 +319,14 @@ def plan_recomputation(view: GraphView, groups: list, policy: Policy) -> dict:
                     continue
                 if len(lowered.inputs) > policy.max_inputs:
                     continue
+                if policy.cost_model != cost.NONE:
+                    reason = _recompute_refusal(view, group, other, copies, lowered, served,
+                                                policy)
+                    if reason is not None:
+                        if refusals is not None:
+                            refusals.append(Refusal(producer, f"not recomputed in {name}'s "
+                                                              f"group: {reason}"))
+                        continue
                 group.private = sorted(private, key=view.position.get)
                 group.lowered = lowered
                 for copy in copies:

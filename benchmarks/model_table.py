@@ -1,0 +1,240 @@
+"""The model table users quote: kernels, peak memory and latency of Keras models under TensorFlow,
+tf_autofuse and XLA, each (model, mode) in a fresh process.
+
+    python benchmarks/model_table.py                       # ResNet50, EfficientNetB0, transformer
+    python benchmarks/model_table.py --models transformer --steps 50 --json table.json
+    python benchmarks/model_table.py --smoke               # tiny transformer, 2 steps (CI)
+
+Models (benchmarks/workloads.py, weights=None, seeded, batch --batch): Keras ResNet50 and
+EfficientNetB0 (224x224x3, logits) and the suite's 2-layer transformer encoder ([128,256]).
+`--smoke` runs the transformer at [16,32] only: it checks this script, not the models.
+
+Modes (the environment is set before TensorFlow is imported, so one process per cell):
+  tf        TensorFlow's default configuration, tf_autofuse not imported ("no fusion": Grappler's
+            own remapper still makes _FusedConv2D / _FusedMatMul)
+  autofuse  AUTOFUSE_FLAGS="--enable_autofuse=true;--autofuse_enable_pass=reduce", import tf_autofuse
+  xla       TF_XLA_FLAGS="--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit" and
+            tf.config.optimizer.set_jit("autoclustering"), Grappler's arithmetic optimizer and
+            remapper off (with them on, unary chains become _UnaryOpsComposition, which XLA does
+            not cluster; benchmarks/README.md)
+
+Per cell: `model(x, training=False)` in a tf.function on a constant input. The first call is
+timed (tracing, Grappler, tf_autofuse's rewrite, XLA may compile on a later call) and records
+the executed graph after optimization; then --warmup calls and --steps timed calls, the latency
+is their median. Columns:
+  compute kernels   nodes of the executed graph that compute (tf_autofuse.profiling.compute_kernels:
+                    every op but _Arg, _Retval, Const, NoOp, ReadVariableOp, Identity, Placeholder);
+                    an XLA cluster appears as its _XlaCompile and _XlaRun (its body is not a node)
+  fused             AutofuseKernel nodes (autofuse) or XLA clusters (_XlaRun nodes) in that graph
+  peak RSS          the process's resident-memory high-water mark (getrusage ru_maxrss), and the
+                    part above the RSS measured once TensorFlow (and tf_autofuse) were imported
+  max rel. diff     max |out - out_tf| / max |out_tf| against the tf mode's output
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import harness  # noqa: E402  (the suite's flags and environment)
+from benchmarks import workloads as wl  # noqa: E402
+
+PREFIX = "MODEL_TABLE "
+MODELS = ("resnet50", "efficientnetb0", "transformer")
+MODES = ("tf", "autofuse", "xla")
+LABELS = {"tf": "TensorFlow (no fusion)", "autofuse": "tf_autofuse", "xla": "XLA auto-jit"}
+ENV = {"tf": {}, "autofuse": {"AUTOFUSE_FLAGS": harness.AUTOFUSE_FLAGS_WANTED},
+       "xla": {"TF_XLA_FLAGS": harness.XLA_FLAGS}}
+XLA_RUN_OPS = frozenset({"_XlaRun"})
+
+
+def _rss_mib() -> float:
+    """The current resident set size."""
+    with open("/proc/self/statm") as handle:
+        pages = int(handle.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bool,
+           out_path: str) -> dict:
+    import resource
+
+    import numpy as np
+    import tensorflow as tf
+
+    if mode == "autofuse":
+        import tf_autofuse
+
+        if not tf_autofuse.is_available() or not tf_autofuse.config().enable_autofuse:
+            raise RuntimeError("tf_autofuse is not available or not enabled in this process")
+    from tf_autofuse import profiling  # counting only: no pass is registered without the flag
+
+    if mode == "xla":
+        tf.config.optimizer.set_experimental_options(
+            {"arithmetic_optimization": False, "remapping": False})
+        tf.config.optimizer.set_jit("autoclustering")
+    import_rss = _rss_mib()
+
+    workload = wl.get(f"{model}_b{batch}", quick=smoke)
+    keras_model = wl.build_model(workload)
+    shape = (batch, *wl.model_input_shape(model, smoke))
+    x = tf.constant(np.random.default_rng(1).uniform(0, 1, shape).astype(np.float32))
+
+    @tf.function
+    def step(t):
+        return keras_model(t, training=False)
+
+    start = time.perf_counter()
+    graphs = profiling.executed_function_graphs(step, x)
+    first_ms = (time.perf_counter() - start) * 1e3
+    for _ in range(warmup):
+        step(x)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        out = step(x)
+        out.numpy()
+        times.append((time.perf_counter() - start) * 1e3)
+    np.save(out_path, step(x).numpy())
+    kernels = profiling.compute_kernels(graphs)
+    nodes = [n for g in graphs for n in g.node]
+    fused = (sum(1 for n in nodes if n.op == "AutofuseKernel") if mode != "xla"
+             else sum(1 for n in nodes if n.op in XLA_RUN_OPS))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return {"model": model, "mode": mode, "batch": batch, "smoke": smoke, "pid": os.getpid(),
+            "kernels": sum(kernels.values()), "kernels_by_type": dict(kernels.most_common()),
+            "fused": fused, "first_ms": first_ms, "median_ms": statistics.median(times),
+            "steps": steps, "peak_rss_mib": peak, "import_rss_mib": import_rss,
+            "model_rss_mib": peak - import_rss, "output": out_path,
+            "tensorflow": tf.__version__}
+
+
+def child_env(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in harness.MODE_ENV_KEYS}
+    env.update(ENV[mode])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_cell(model: str, mode: str, args, out_dir: str) -> dict:
+    out_path = str(Path(out_dir) / f"{model}_{mode}.npy")
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", model, mode,
+               "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
+               str(args.warmup), "--out", out_path] + (["--smoke"] if args.smoke else [])
+    try:
+        proc = subprocess.run(command, env=child_env(mode), capture_output=True, text=True,
+                              timeout=args.timeout, cwd=out_dir)
+    except subprocess.TimeoutExpired:
+        return {"model": model, "mode": mode, "error": f"timed out after {args.timeout} s"}
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(PREFIX)]
+    if proc.returncode != 0 or not lines:
+        return {"model": model, "mode": mode,
+                "error": harness.crash_text(proc.returncode, proc.stderr or proc.stdout)}
+    return json.loads(lines[-1][len(PREFIX):])
+
+
+def compare(cells: list) -> None:
+    """Each cell's max |out - out_tf| / max |out_tf| (the tf cell of the same model)."""
+    import numpy as np
+
+    reference = {c["model"]: np.load(c["output"]).astype(np.float64)
+                 for c in cells if c["mode"] == "tf" and "error" not in c}
+    for cell in cells:
+        ref = reference.get(cell["model"])
+        if "error" in cell or ref is None:
+            cell["max_rel_diff"] = None
+            continue
+        out = np.load(cell["output"]).astype(np.float64)
+        scale = float(np.max(np.abs(ref))) or 1.0
+        cell["max_rel_diff"] = (float(np.max(np.abs(out - ref))) / scale
+                                if out.shape == ref.shape else float("inf"))
+
+
+def markdown(cells: list) -> str:
+    lines = ["| model | mode | compute kernels | fused kernels / XLA clusters | peak RSS (MiB) | "
+             "model RSS (MiB) | latency, median (ms) | first call (ms) | max rel. diff vs TF |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for c in cells:
+        name = wl.MODEL_NAMES.get(c["model"], c["model"])
+        if "error" in c:
+            lines.append(f"| {name} | {LABELS[c['mode']]} | error: {c['error']} | | | | | | |")
+            continue
+        diff = "-" if c["mode"] == "tf" or c.get("max_rel_diff") is None \
+            else f"{c['max_rel_diff']:.1e}"
+        lines.append(f"| {name} | {LABELS[c['mode']]} | {c['kernels']} | {c['fused']} | "
+                     f"{c['peak_rss_mib']:.0f} | {c['model_rss_mib']:.0f} | "
+                     f"{c['median_ms']:.2f} | {c['first_ms']:.0f} | {diff} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, from {', '.join(MODES)} (tf is the reference)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=None, help="timed calls (default 20; "
+                                                                "--smoke: 2)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls after the first "
+                                                                 "(default 3; --smoke: 1)")
+    parser.add_argument("--json", default=None, help="also write the cells as JSON")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny transformer only ([16,32]), 2 steps: checks the script")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.steps = args.steps if args.steps is not None else (2 if args.smoke else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 3)
+
+    if args.worker:
+        model, mode = args.worker
+        result = worker(model, mode, args.batch, args.steps, args.warmup, args.smoke, args.out)
+        print(PREFIX + json.dumps(result), flush=True)
+        return 0
+
+    models = ["transformer"] if args.smoke and args.models == ",".join(MODELS) else \
+        [m.strip() for m in args.models.split(",") if m.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for name, allowed in (("model", MODELS), ("mode", MODES)):
+        bad = [v for v in (models if name == "model" else modes) if v not in allowed]
+        if bad:
+            parser.error(f"unknown {name} {bad[0]!r}; accepted: {', '.join(allowed)}")
+    if "tf" in modes:
+        modes = ["tf"] + [m for m in modes if m != "tf"]
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="model_table_") as out_dir:
+        for model in models:
+            for mode in modes:
+                print(f"{model} / {mode} ...", file=sys.stderr, flush=True)
+                cells.append(run_cell(model, mode, args, out_dir))
+        compare(cells)
+    for cell in cells:
+        cell.pop("output", None)
+    print(f"batch {args.batch}, {args.steps} timed calls after {args.warmup} warm-up calls, "
+          f"each (model, mode) in a fresh process{', SMOKE sizes' if args.smoke else ''}\n")
+    print(markdown(cells))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"options": {
+            "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "smoke": args.smoke,
+            "autofuse_flags": harness.AUTOFUSE_FLAGS_WANTED, "xla_flags": harness.XLA_FLAGS},
+            "cells": cells}, indent=1))
+    return 1 if any("error" in c for c in cells) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

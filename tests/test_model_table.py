@@ -1,0 +1,46 @@
+"""Smoke test of benchmarks/model_table.py: the harness, not the timings.
+
+`--smoke` runs the tiny transformer ([16,32]) under each mode in its own process: the table and
+the JSON must hold one cell per mode with kernel counts, peak memory and latency, each mode must
+have run what its label says (tf: no fused kernels; tf_autofuse: AutofuseKernel nodes and fewer
+compute kernels; XLA: a cluster), and the outputs must agree with the tf mode's.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from test_plugin import ROOT
+
+
+def test_model_table_smoke(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "TF_XLA_FLAGS")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    out = tmp_path / "table.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/model_table.py"), "--smoke",
+                           "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["options"]["smoke"] and data["options"]["steps"] == 2
+    cells = {c["mode"]: c for c in data["cells"]}
+    assert list(cells) == ["tf", "autofuse", "xla"]
+    assert all(c["model"] == "transformer" for c in data["cells"])
+    assert len({c["pid"] for c in data["cells"]}) == 3  # a fresh process per mode
+    for cell in cells.values():
+        assert "error" not in cell, cell
+        assert cell["median_ms"] > 0 and cell["first_ms"] > 0
+        assert cell["peak_rss_mib"] >= cell["import_rss_mib"] > 0
+        assert cell["kernels"] == sum(cell["kernels_by_type"].values()) > 0
+    assert cells["tf"]["fused"] == 0 and "AutofuseKernel" not in cells["tf"]["kernels_by_type"]
+    assert cells["autofuse"]["fused"] == cells["autofuse"]["kernels_by_type"]["AutofuseKernel"] > 0
+    assert cells["autofuse"]["kernels"] < cells["tf"]["kernels"]
+    assert cells["xla"]["fused"] >= 1 and "AutofuseKernel" not in cells["xla"]["kernels_by_type"]
+    for mode in ("autofuse", "xla"):
+        assert cells[mode]["max_rel_diff"] <= 1e-4, (mode, cells[mode]["max_rel_diff"])
+    lines = proc.stdout.splitlines()
+    assert any(l.startswith("| model | mode | compute kernels |") for l in lines)
+    for label in ("TensorFlow (no fusion)", "tf_autofuse", "XLA auto-jit"):
+        assert sum(f"| {label} |" in l for l in lines) == 1, label
