@@ -318,21 +318,6 @@ def test_reduction_over_axes_1_2_keep_dims():
             ["autofuse_reduce_0_Abs_Sum"], gone={"Sum", "Abs"}, **REDUCE)
 
 
-def test_disable_autofuse_scope_survives_grapplers_unary_composition():
-    # Grappler composes the scoped Abs -> Relu -> Exp into one _UnaryOpsComposition (without
-    # the scope's attr) before the pass runs: it must stay unfused all the same.
-    def build():
-        x = tf1.placeholder(tf.float32, [8, 8], name="x")
-        with tf_autofuse.disable_autofuse():
-            y = tf.exp(tf.nn.relu(tf.abs(x)), name="scoped_exp")
-        return tf.identity(tf.sigmoid(y * 2.0 + 1.0), name="y"), {"x": x}
-    x = uniform(16, (8, 8), low=-1.0, high=1.0)
-    reference = sigmoid64(np.exp(np.maximum(np.abs(f64(x)), 0)) * 2.0 + 1.0)
-    executed = compare(build, {"x": x}, reference, np.float32, 1e-6,
-                       ["autofuse_pointwise_0_Mul_AddV2_Sigmoid"])
-    assert executed.get("scoped_exp/unary_ops_composition") == "_UnaryOpsComposition"
-
-
 def test_disable_autofuse_scope_in_a_session():
     # Binary ops inside the scope: a chain of unary ops would be folded by Grappler's
     # arithmetic optimizer into one _UnaryOpsComposition, which does not keep the attr.

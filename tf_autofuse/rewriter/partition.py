@@ -30,7 +30,6 @@ from . import catalog, cost
 from .graph import GraphView, node_name
 from .lower import Lowered, Unfusible, build, compute_ops
 from .scope import ATTR as DISABLE_ATTR
-from .scope import composed_inside_scope
 
 
 class Refusal(NamedTuple):
@@ -70,8 +69,6 @@ def _refuse_candidate(view: GraphView, name: str, feeds: frozenset,
     node = view.node(name)
     if DISABLE_ATTR in node.attr and node.attr[DISABLE_ATTR].b:
         return "inside tf_autofuse.disable_autofuse()"
-    if node.op == catalog.COMPOSITION_OP and composed_inside_scope(name):
-        return "inside tf_autofuse.disable_autofuse() (Grappler composed it into one node)"
     if name in policy.skip_names:
         return "listed in --skip_node_names_cfg [ByNodeName]"
     if node.op in policy.skip_types:
