@@ -781,7 +781,7 @@ def test_catalog_names():
     assert catalog.for_tf_op("BiasAdd") is None  # not one to one: see catalog.tf_op
     assert catalog.tf_op("BiasAdd").kind == "broadcast"
     assert catalog.tf_op("AddN").ir_ops == ("Add",)
-    assert catalog.tf_op("ClipByValue").ir_ops == ("Maximum", "Minimum")
+    assert catalog.tf_op("ClipByValue").ir_ops == ("Maximum", "Minimum", "Less", "Select")
     assert catalog.tf_op("Reshape").kind == "view"
     assert catalog.for_tf_op("Select") is catalog.for_tf_op("SelectV2")
     assert "_UnaryOpsComposition" in catalog.candidate_op_types()
@@ -1362,7 +1362,7 @@ def test_add_n_clip_leaky_relu_and_cast_lower_to_the_ir():
     assert programs(result) == {
         "autofuse_pointwise_0_Abs_AddN_ClipByValue_LeakyRelu_Cast_Mul_Cast": (
             "in0: f32[3,4]\nin1: f32[3,4]\n%0 = Abs in0\n%1 = Add in0, in1\n%2 = Add %1, %0\n"
-            "%3 = Maximum %2, -1.0\n%4 = Minimum %3, 2.0\n%5 = LeakyRelu %4 alpha=0.25\n"
+            "%3 = Minimum %2, 2.0\n%4 = Maximum %3, -1.0\n%5 = LeakyRelu %4 alpha=0.25\n"
             "%6 = Cast %5 to=f16\n%7 = Mul %6, 2.0\n%8 = Cast %7 to=f32\nout0 = %8\n")}
 
 
