@@ -1515,6 +1515,36 @@ def test_recomputation_threshold_duplicates_cheap_producers():
     assert list(second.input) == ["x", "m"]
 
 
+def test_two_groups_absorbing_one_view_both_stay():
+    """Regression (found by tests/test_random_graphs.py): a view node absorbed by a group and by
+    another that recomputes its consumer was the first member of both, and the splice kept only
+    the last group's kernel: the first one's node (read by MatMul) and its outputs were gone."""
+    g = graph(
+        placeholder("x", F32, (3, 3)),
+        placeholder("b", F32, (1, 3)),
+        node("v", "Squeeze", ["b"]),
+        node("a", "AddV2", ["x", "v"]),
+        node("e", "Exp", ["a"]),
+        node("m", "MatMul", ["e", "e"], _output_shapes=[(3, 3)]),
+        node("d", "AddV2", ["a", "m"]),
+        node("r", "Relu", ["d"]),
+    )
+    g.node[2].attr["squeeze_dims"].list.i.extend([0])
+    flags = types.SimpleNamespace(recomputation_threshold=1)
+    result = rewriter.rewrite(g, preserve=["r", "e"], flags=flags)
+    assert [f.nodes for f in result.fusions] == [("a", "e"), ("d", "r")]
+    out = {n.name: n for n in result.graph_def.node}
+    assert {f.name for f in result.fusions} <= set(out)
+    assert out["e"].op == "Identity" and out["e"].input[0] == result.fusions[0].name
+    assert list(out["m"].input) == [result.fusions[0].name] * 2
+    assert "v" not in out  # read through the view by both kernels
+    values = {"x": _uniform(40, (3, 3)), "b": _uniform(41, (1, 3))}
+    want = _run(g, ["r", "e"], values)
+    got = _run(_expand_fused(result.graph_def), ["r", "e"], values)
+    for w, v in zip(want, got):
+        np.testing.assert_allclose(v, w, rtol=1e-6)
+
+
 @pytest.mark.parametrize("build", [gelu_tanh, softmax])
 def test_new_patterns_are_idempotent_and_deterministic(build):
     g = tf_graph(build)
