@@ -511,6 +511,29 @@ def test_max_min_propagate_nan(ops, dtype):
         np.testing.assert_array_equal(as_f64(mn), np.min(as_f64(x), axis=axis, keepdims=True))
 
 
+# The shapes of a row (lanes), row-group, column and column-group reduction.
+@pytest.mark.parametrize("shape,axis", [((3, 40), 1), ((40, 7), 1), ((40, 3000), 0),
+                                        ((40, 7), 0)])
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Prod"])
+def test_f64_sum_and_prod_of_infinities_are_infinite(ops, op, shape, axis):
+    """Regression (found by tests/test_random_graphs.py): the f64 compensation term became
+    inf - inf = NaN, so an f64 Sum, Mean or Prod holding +-inf, or overflowing, gave NaN where
+    TensorFlow (and the exact value) is +-inf."""
+    v = np.random.default_rng(3).uniform(0.5, 1.5, shape)
+    lines = np.moveaxis(v, axis, -1)  # a view: one reduced line per row of it
+    lines[0, 1] = np.inf
+    lines[1, 2] = -np.inf
+    lines[2, :3] = 1e308  # overflows to +inf, in any order
+    x = tf.constant(v)
+    program = f"in0: f64[{shape[0]},{shape[1]}]\n%0 = {op} in0 axes=[{axis}]\nout0 = %0"
+    (got,) = run_fused(ops, program, [x], [tf.float64])
+    want = getattr(tf.raw_ops, op)(input=x, axis=[axis], keep_dims=True).numpy().ravel()
+    got = got.numpy().ravel()
+    np.testing.assert_array_equal(got[:3], [np.inf, -np.inf, np.inf])
+    np.testing.assert_array_equal(want[:3], [np.inf, -np.inf, np.inf])
+    np.testing.assert_allclose(got[3:], want[3:], rtol=1e-14)  # finite lines: last bits differ
+
+
 def _softmax_program(dtype, rank_decl="?,?"):
     return (f"in0: {dtype}[{rank_decl}]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
             "%3 = Sum %2 axes=[1]\n%4 = Div %2, %3\nout0 = %4")

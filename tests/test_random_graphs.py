@@ -1,29 +1,37 @@
-"""Property-based equivalence: random graphs over the op table, fused vs unfused vs float64.
+"""Property-based equivalence: random graphs over the whole op table, fused vs unfused vs float64.
 
-Each case is a random DAG of the catalog's elementwise ops (shared inputs, diamonds, constants,
-shapes from 0-sized to ~100k elements, every dtype the op allows), with a random set of fetched
-nodes (intermediates included) and of fed intermediates. It runs in a v1 Session without and
-with the named optimizer "AutofuseOptimizer", and is also handed to the rewriter directly:
+Each case is a random DAG over the catalog (tf_autofuse/rewriter/catalog.py): every unary and
+binary op, comparisons and IsNan/IsInf/IsFinite feeding Select and the logical ops, Cast between
+float types, ZerosLike/OnesLike, LeakyRelu with a drawn alpha, AddN, ClipByValue, BiasAdd (NHWC,
+NCHW), and with `Features`: operands of broadcast shapes and views (Reshape, ExpandDims, Squeeze)
+of inputs, and reductions (Sum, Mean, Max, Min, Prod over random axes, keep_dims or not, with ops
+before and after, reduced values broadcast back, softmax and layer norm shapes, 0-sized and size-1
+reduced axes). Shared inputs, diamonds, constants, shapes from 0-sized to ~100k elements, every
+dtype the op allows, a random set of fetched nodes (intermediates included) and of fed
+intermediates. It runs in a v1 Session without and with the named optimizer "AutofuseOptimizer"
+(reduce pass on through its parameter_map when the graph may hold reductions), and is also handed
+to the rewriter directly:
 
 - structure: every preserved node (fetch, feed) is still there; a fused member is gone unless
   preserved (then it is an Identity of the fused kernel); fed nodes are never fused; the
   rewriter is idempotent (a second pass fuses nothing and changes no byte).
 - numbers, per element: NaN and +-Inf where unfused TensorFlow has them, and
   |fused - ref| <= |unfused - ref| + E, where ref is a float64 numpy evaluation of the same
-  graph (catalog references) and E a first-order bound of "a few ulps per op" of the compute
-  type (f32 for f16/bf16) -- and, for f16/bf16, half an ulp of the stored type at each node,
-  where a group boundary may round -- propagated through each op's derivative, plus one ulp of
-  the output type. (That 16-bit slack is what a per-element check needs: across a boundary the
-  unfused path's differently placed roundings can cancel by luck; the per-op "never less accurate
-  in 16 bits" property is tested exactly in tests/test_kernel.py.) Elements whose value depends on which side of a discontinuity, domain edge or overflow
-  threshold a few ulps land (Floor at an integer, Sqrt near 0, Exp near the overflow point) are
-  counted as unstable and not compared. int32 results are compared exactly with TensorFlow and
-  a wrapped int64 reference.
+  graph (catalog references) and E a bound of how far a correct implementation may be from ref
+  (see `reference`: a few ulps per op of the compute type -- f32 for f16/bf16 -- propagated
+  through each op's derivative; for f16/bf16, the rounding at each node where a group boundary
+  may store it; for reductions, the operands' bounds summed (Sum, Mean), their largest (Max,
+  Min) or multiplied out (Prod), plus the accumulation error of n additions or products in the
+  accumulator type, n the reduction length). int32 and bool results are compared exactly with
+  TensorFlow (and the reference wherever TensorFlow is on it). Elements whose value depends on
+  which side of a discontinuity, domain edge, pole or overflow threshold a few ulps land (Floor at
+  an integer, Sqrt near 0, Tan near a pole, a comparison of near-equal values, a sum whose
+  partial sums may overflow) are counted as unstable and not compared.
 
 The generator draws through a `Chooser`, so the same code runs under hypothesis (here, CI
 sized, deterministic, shrinking to a minimal graph on failure) and under a seeded numpy RNG
-(scripts/fuzz_long.py). `Features(broadcast=True)` adds operands of broadcastable shapes;
-reductions are the next extension point (see `Features`).
+(scripts/fuzz_long.py). `test_generator_covers_the_op_table` fails when the catalog gains an op
+the generator does not draw.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import Optional, Sequence
+import types
+import warnings
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -55,20 +65,26 @@ except ImportError:  # pragma: no cover
 # dtypes
 
 DTYPES = ("f32", "f16", "bf16", "f64", "i32")  # simplest first: hypothesis shrinks to f32
+FLOATS = ("f32", "f16", "bf16", "f64")
 TF_DTYPES = {"f16": tf.float16, "bf16": tf.bfloat16, "f32": tf.float32, "f64": tf.float64,
-             "i32": tf.int32}
+             "i32": tf.int32, "bool": tf.bool}
 ENUMS = {"f16": types_pb2.DT_HALF, "bf16": types_pb2.DT_BFLOAT16, "f32": types_pb2.DT_FLOAT,
-         "f64": types_pb2.DT_DOUBLE, "i32": types_pb2.DT_INT32}
+         "f64": types_pb2.DT_DOUBLE, "i32": types_pb2.DT_INT32, "bool": types_pb2.DT_BOOL}
 _MANTISSA = {"f16": 10, "bf16": 7, "f32": 23, "f64": 52}
 _MIN_EXP = {"f16": -14, "bf16": -126, "f32": -126, "f64": -1022}
 _MAX = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38,
         "f64": 1.7976931348623157e308}
 COMPUTE = {"f16": "f32", "bf16": "f32", "f32": "f32", "f64": "f64"}  # what the kernel computes in
 OP_ULPS = 4  # "a few ulps" of the compute type that each op may be off by, in either path
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def np_dtype(dtype):
     return TF_DTYPES[dtype].as_numpy_dtype
+
+
+def unit_roundoff(dtype) -> float:
+    return 2.0 ** -(_MANTISSA[dtype] + 1)
 
 
 def ulp(values, dtype):
@@ -81,8 +97,9 @@ def ulp(values, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# The error model: for each IR op, |d out / d operand_i| and the distance from each operand to
-# the nearest point where the op jumps or leaves its domain (None: it has none).
+# The error model of the elementwise ops: for each IR op, |d out / d operand_i|, the distance from
+# each operand to the nearest point where the op jumps or leaves its domain (None: it has none),
+# and, for ops whose jumps depend on several operands, a mask of where they may jump.
 
 def _sig(x):
     return _special.expit(x) if _special is not None else 1 / (1 + np.exp(-x))
@@ -101,10 +118,49 @@ def _dist_half(x):
     return np.abs(x - (np.floor(x) + 0.5))
 
 
+def _dist_pole(x):
+    """Distance to the nearest pole of tan, pi/2 + k pi."""
+    y = (x - np.pi / 2) / np.pi
+    return np.abs(y - np.round(y)) * np.pi
+
+
+def _pow_da(a, b):
+    # a < 0 with b not an integer: NaN whatever a is (b's distance to an integer says when not)
+    return np.where((a < 0) & (b != np.round(b)), 0.0, np.abs(b * np.power(a, b - 1)))
+
+
+def _pow_db(a, b):
+    return np.where(a <= 0, 0.0, np.abs(np.power(a, b) * np.log(a)))
+
+
+def _pow_base_edge(a, b):
+    # a crossing 0 (sign, 0^-b = inf); |a| crossing 1 when b is infinite (0 or inf)
+    return np.minimum(np.abs(a), np.where(np.isinf(b), np.abs(np.abs(a) - 1), np.inf))
+
+
+def _pow_exponent_edge(a, b):
+    # a < 0: NaN unless b is an integer; a = 0 or +-inf: b crossing 0 flips 0 and inf
+    return np.where(a < 0, _dist_int(b),
+                    np.where((a == 0) | np.isinf(a), np.abs(b), np.inf))
+
+
+def _quotient_jump(xs, es, ctx):
+    """FloorDiv and FloorMod jump where x / y crosses an integer (an exact integer quotient of
+    exact operands is no jump: every implementation computes it exactly)."""
+    a, b = xs
+    ea, eb = es
+    q = a / b
+    eq = (ea + np.abs(q) * eb) / np.abs(b) + 2 * (ulp(q, ctx.compute) + ulp(q, ctx.dtype))
+    d = _dist_int(q)
+    exact = (d == 0) & (ea == 0) & (eb == 0)
+    return (~exact & (d <= eq)) | ((eb > 0) & (np.abs(b) <= eb))
+
+
 @dataclasses.dataclass(frozen=True)
 class OpModel:
     derivs: tuple  # one callable per operand: f64 operands -> |partial derivative|
     critical: tuple = ()  # (operand index, f64 operands -> distance to a jump / domain edge)
+    unstable: Optional[Callable] = None  # (operands, bounds, ctx) -> where the op may jump
 
 
 ERROR_MODEL = {
@@ -135,6 +191,13 @@ ERROR_MODEL = {
     "Erfc": OpModel((lambda x: 2 / np.sqrt(np.pi) * np.exp(-x * x),)),
     "Sin": OpModel((_ONE,)),
     "Cos": OpModel((_ONE,)),
+    # sec^2 is convex between poles: its largest value on [x - e, x + e] is at an end, which the
+    # corners below evaluate; an interval holding a pole is `critical`. So the bound is the
+    # condition number times the operand's error, never a fixed tolerance.
+    "Tan": OpModel((lambda x: 1 + np.tan(x) ** 2,), ((0, _dist_pole),)),
+    "Atan": OpModel((lambda x: 1 / (1 + x * x),)),
+    "Sinh": OpModel((np.cosh,)),
+    "Cosh": OpModel((lambda x: np.abs(np.sinh(x)),)),
     "Add": OpModel((_ONE, _ONE)),
     "Sub": OpModel((_ONE, _ONE)),
     "Mul": OpModel((lambda a, b: np.abs(b), lambda a, b: np.abs(a))),
@@ -143,14 +206,51 @@ ERROR_MODEL = {
     "Maximum": OpModel((_ONE, _ONE)),
     "Minimum": OpModel((_ONE, _ONE)),
     "SquaredDifference": OpModel((lambda a, b: 2 * np.abs(a - b), lambda a, b: 2 * np.abs(a - b))),
+    "Pow": OpModel((_pow_da, _pow_db), ((0, _pow_base_edge), (1, _pow_exponent_edge))),
+    "FloorDiv": OpModel((_ZERO, _ZERO), unstable=_quotient_jump),
+    "FloorMod": OpModel((_ONE, lambda a, b: np.abs(np.floor(a / b))), unstable=_quotient_jump),
+}
+
+# Ops whose model depends on their attrs: IR name -> attrs -> OpModel.
+ATTR_MODELS = {
+    "LeakyRelu": lambda attrs: OpModel(
+        (lambda x: np.where(x < 0, abs(attrs["alpha"]), 1.0),)),
 }
 
 
+def op_model(ir_name: str, attrs) -> OpModel:
+    if ir_name in ATTR_MODELS:
+        return ATTR_MODELS[ir_name](attrs)
+    return ERROR_MODEL[ir_name]
+
+
+# ---------------------------------------------------------------------------------------------
+# The op table, by what the generator needs to know (read from the catalog's kinds, arities and
+# result types, not from op names, so a new op of a known shape is drawn without a change here)
+
+_SPECIAL = {"Cast", "ZerosLike", "OnesLike"}  # drawn by their own moves
+
+UNARY = [s for s in catalog.OPS if s.kind == catalog.ELEMENTWISE and s.result == "same"
+         and catalog.BOOL.isdisjoint(s.dtypes) and s.ir_name not in _SPECIAL]
+BINARY = [s for s in catalog.OPS if s.arity == 2 and s.result == "same"
+          and catalog.BOOL.isdisjoint(s.dtypes)]
+COMPARISONS = [s for s in catalog.OPS if s.arity == 2 and s.result == "bool"]
+TESTS = [s for s in catalog.OPS if s.arity == 1 and s.result == "bool"]
+LOGICAL = [s for s in catalog.OPS if s.dtypes == catalog.BOOL]
+SELECTS = [s for s in catalog.OPS if s.operand_roles()[:1] == ("bool",)]
+REDUCTIONS = [s for s in catalog.OPS if s.kind == catalog.REDUCE]
+REDUCE_NAMES = frozenset(s.ir_name for s in REDUCTIONS)
+COMPARISON_NAMES = frozenset(s.ir_name for s in COMPARISONS)
+# TF ops of the catalog that are not one IR op each (catalog.TF_OPS only)
+COMPOUND = ("AddN", "ClipByValue", "BiasAdd")
+VIEWS = ("Reshape", "ExpandDims", "Squeeze")
+LEAKY_ALPHAS = (0.2, 0.01, 0.5, 1.5, -0.3, 0.0)
+
+
 def fuzzable_ops(dtype: str) -> list:
-    """Catalog entries the generator draws from for `dtype` (elementwise, with an error model)."""
+    """Unary and binary catalog entries the generator draws from for `dtype`."""
     enum = ENUMS[dtype]
-    return [s for s in catalog.OPS
-            if s.kind == catalog.ELEMENTWISE and enum in s.dtypes and s.ir_name in ERROR_MODEL]
+    return [s for s in UNARY + BINARY if enum in s.dtypes]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,63 +291,94 @@ class HypothesisChooser(Chooser):
 
 @dataclasses.dataclass(frozen=True)
 class Features:
-    """What the generator may use. Today's rewriter fuses same-shape elementwise ops only.
+    """What the generator may use beyond the elementwise ops (always drawn, typed ones too).
 
-    broadcast: binary operands of broadcastable shapes ([N,C] + [C], [1,C], [N,1]).
-    reductions: not there yet. To add them: an entry in ERROR_MODEL-like table for reduce ops
-    (the bound of a sum is the sum of the bounds plus n ulps of the result), a branch in
-    `generate` that appends a Node with `axes`, `build_graph` creating tf.raw_ops.Sum etc., and
-    `reference` calling the catalog's reference with the axes.
+    broadcast: operands of broadcastable shapes ([N,C] + [C], [1,C], [N,1]) and views
+      (Reshape, ExpandDims, Squeeze) of inputs.
+    reductions: Sum, Mean, Max, Min, Prod, softmax and layer-norm shapes; the fused run turns
+      on the reduce pass (`--autofuse_enable_pass=reduce`).
+    flags: the fused run (and the rewriter) also get a random `max_fusion_size`,
+      `max_input_nums_after_fuse` and `recomputation_threshold` (groups split, inputs limited,
+      producers recomputed in their consumers' kernels).
     """
 
     broadcast: bool = False
     reductions: bool = False
     max_nodes: int = 12
+    flags: bool = False
 
 
-# Shapes: simplest first. 0-sized, 1, primes, a few tiles, ~100k elements (many tiles, threads).
-SHAPES = [(7,), (1,), (0,), (2, 3), (13, 17), (1, 1, 1), (3, 0, 2), (1031,), (61, 67),
-          (4, 4099), (100_003,)]
+ALL = Features(broadcast=True, reductions=True, flags=True)
+
+# Shapes: simplest first. 0-sized, 1, primes, a size-1 axis, short rows (row-group reductions),
+# short inner blocks (column-group reductions), a few tiles, ~100k elements (many tiles, threads).
+SHAPES = [(7,), (1,), (0,), (2, 3), (13, 17), (1, 1, 1), (3, 0, 2), (5, 1, 7), (1031,), (33, 10),
+          (61, 67), (6, 40, 33), (4, 4099), (100_003,)]
 
 
 @dataclasses.dataclass
 class Input:
     shape: tuple  # the runtime shape
-    declared: str  # "static", "unknown_dims", "unknown_rank"
+    declared: str = "static"  # "static", "unknown_dims", "unknown_rank"
     const: bool = False  # a Const node holding the data instead of a placeholder
+    dtype: str = ""  # "" is the graph's dtype
+    value: Optional[float] = None  # a Const of this value everywhere (else random data)
 
 
 @dataclasses.dataclass
 class Node:
     tf_op: str
-    ir_name: str
-    operands: tuple  # indices into values: inputs first, then nodes
+    ir_name: str  # the catalog's IR op, or the TF op for AddN, ClipByValue, BiasAdd and views
+    operands: tuple  # indices into GraphSpec.values
     shape: tuple
+    dtype: str  # of the result
+    attrs: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
 class GraphSpec:
     dtype: str
-    inputs: list
-    nodes: list
-    fetches: list  # node indices (into nodes)
-    fed: list  # node indices whose value the caller feeds
+    values: list  # Input and Node, in creation order; operands index this list
+    fetches: list  # indices of fetched nodes
+    fed: list  # indices of nodes whose value the caller feeds
     seed: int
     features: Features = Features()
+    params: dict = dataclasses.field(default_factory=dict)  # the optimizer's parameter_map
 
-    def value_shape(self, v):
-        return self.inputs[v].shape if v < len(self.inputs) else self.nodes[v - len(self.inputs)].shape
+    @property
+    def nodes(self) -> list:
+        return [v for v in self.values if isinstance(v, Node)]
+
+    def node_indices(self) -> list:
+        return [v for v, item in enumerate(self.values) if isinstance(item, Node)]
+
+    def dtype_of(self, v) -> str:
+        return self.values[v].dtype or self.dtype
+
+    def shape_of(self, v) -> tuple:
+        return self.values[v].shape
+
+    def name(self, v) -> str:
+        item = self.values[v]
+        if isinstance(item, Input):
+            return f"c{v}" if item.const else f"in{v}"
+        return f"n{v}"
 
     def describe(self) -> str:
-        names = [f"in{i}{'(const)' if x.const else ''}:{self.dtype}{list(x.shape)}/{x.declared}"
-                 for i, x in enumerate(self.inputs)]
-        k = len(self.inputs)
-        lines = [", ".join(names)]
-        for j, node in enumerate(self.nodes):
-            ops = ", ".join(f"n{o - k}" if o >= k else f"in{o}" for o in node.operands)
-            lines.append(f"n{j} = {node.tf_op}({ops})  {list(node.shape)}")
-        lines.append(f"fetch {['n%d' % f for f in self.fetches]} feed {['n%d' % f for f in self.fed]}"
-                     f" seed {self.seed}")
+        lines = []
+        for v, item in enumerate(self.values):
+            if isinstance(item, Input):
+                what = "const" if item.const else item.declared
+                value = "" if item.value is None else f" = {item.value!r}"
+                lines.append(f"{self.name(v)}: {self.dtype_of(v)}{list(item.shape)} {what}{value}")
+                continue
+            ops = ", ".join(self.name(o) for o in item.operands)
+            attrs = "".join(f" {k}={val!r}" for k, val in sorted(item.attrs.items()))
+            lines.append(f"{self.name(v)} = {item.tf_op}({ops}){attrs}  "
+                         f"{item.dtype}{list(item.shape)}")
+        lines.append(f"fetch {[self.name(f) for f in self.fetches]} "
+                     f"feed {[self.name(f) for f in self.fed]} seed {self.seed}"
+                     + (f" params {self.params}" if self.params else ""))
         return "\n".join(lines)
 
 
@@ -260,46 +391,324 @@ def _broadcast_shape(ch: Chooser, shape: tuple) -> tuple:
     return tuple(1 if ch.chance(0.5) else d for d in shape)
 
 
-def generate(ch: Chooser, features: Features = Features()) -> GraphSpec:
+def _broadcasts(*shapes) -> bool:
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        return False
+    return True
+
+
+def reduced_shape(shape, axes, keep) -> tuple:
+    rank = len(shape)
+    axes = {a % rank for a in axes}
+    if keep:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+class _Builder:
+    """Appends inputs and nodes to a graph being drawn. Each move returns the index of the value
+    it made, or None when the graph holds nothing it can start from."""
+
+    def __init__(self, ch: Chooser, features: Features, dtype: str, shape: tuple):
+        self.ch, self.features, self.dtype, self.shape = ch, features, dtype, shape
+        self.values: list = []
+
+    # --- values ---------------------------------------------------------------------------
+    def add(self, item) -> int:
+        if isinstance(item, Input) and not item.dtype:
+            item.dtype = self.dtype
+        self.values.append(item)
+        return len(self.values) - 1
+
+    def dtype_of(self, v) -> str:
+        return self.values[v].dtype or self.dtype
+
+    def shape_of(self, v) -> tuple:
+        return self.values[v].shape
+
+    def node(self, tf_op, ir_name, operands, dtype, shape=None, **attrs) -> int:
+        if shape is None:
+            shape = tuple(np.broadcast_shapes(*(self.shape_of(o) for o in operands)))
+        return self.add(Node(tf_op, ir_name, tuple(operands), tuple(shape), dtype, attrs))
+
+    def scalar(self, dtype) -> int:
+        if dtype == "i32":
+            value = self.ch.choice([2, -3, 7, 0])
+        else:
+            value = self.ch.choice([0.5, 2.0, -1.5, 3.0, 1e-3, 0.0])
+        return self.add(Input((), const=True, dtype=dtype, value=value))
+
+    def pick(self, ok) -> Optional[int]:
+        candidates = [v for v in range(len(self.values)) if ok(v)]
+        if not candidates:
+            return None
+        if self.ch.chance(0.6):
+            return candidates[-1]  # continue the chain
+        return self.ch.choice(candidates)  # shared values, diamonds
+
+    def foldable(self, v) -> bool:
+        """Whether Grappler may turn the value into a Const (no placeholder behind it)."""
+        item = self.values[v]
+        if isinstance(item, Input):
+            return item.const
+        return item.ir_name in ("ZerosLike", "OnesLike") or all(
+            self.foldable(o) for o in item.operands)
+
+    def data(self, v) -> bool:
+        return self.dtype_of(v) != "bool"
+
+    def floating(self, v) -> bool:
+        return self.dtype_of(v) in FLOATS
+
+    def partner(self, a, same_shape=False) -> int:
+        """A second operand for `a`: its dtype, a shape that broadcasts with it (or its shape)."""
+        dtype, shape = self.dtype_of(a), self.shape_of(a)
+        if self.ch.chance(0.15):
+            return self.scalar(dtype)
+        if self.features.broadcast and not same_shape and self.ch.chance(0.15):
+            return self.add(Input(_broadcast_shape(self.ch, shape), dtype=dtype))
+        if same_shape:
+            return self.pick(lambda v: self.dtype_of(v) == dtype and self.shape_of(v) == shape)
+        return self.pick(lambda v: self.dtype_of(v) == dtype and _broadcasts(self.shape_of(v), shape))
+
+    # --- moves ----------------------------------------------------------------------------
+    def unary(self):
+        x = self.pick(self.data)
+        dtype = self.dtype_of(x)
+        spec = self.ch.choice([s for s in UNARY if ENUMS[dtype] in s.dtypes])
+        attrs = {}
+        if spec.ir_name == "LeakyRelu":
+            attrs["alpha"] = self.ch.choice(LEAKY_ALPHAS)
+        return self.node(self.ch.choice(spec.tf_ops), spec.ir_name, (x,), dtype, **attrs)
+
+    def _pair(self, specs, result=None):
+        a = self.pick(self.data)
+        dtype = self.dtype_of(a)
+        options = [s for s in specs if ENUMS[dtype] in s.dtypes]
+        if not options:
+            return None
+        spec = self.ch.choice(options)
+        b = self.partner(a)
+        if self.ch.chance(0.3):
+            a, b = b, a
+        return self.node(self.ch.choice(spec.tf_ops), spec.ir_name, (a, b), result or dtype)
+
+    def binary(self):
+        return self._pair(BINARY)
+
+    def compare(self):
+        return self._pair(COMPARISONS, "bool")
+
+    def test(self):
+        x = self.pick(self.floating)
+        if x is None:
+            return None
+        spec = self.ch.choice(TESTS)
+        return self.node(spec.tf_ops[0], spec.ir_name, (x,), "bool")
+
+    def boolean(self) -> int:
+        """A bool value; made from a comparison or a test when the graph has none."""
+        v = self.pick(lambda v: self.dtype_of(v) == "bool")
+        if v is None:
+            v = self.test() if self.ch.chance(0.5) else None
+            if v is None:
+                v = self.compare()
+        return v
+
+    def logical(self):
+        spec = self.ch.choice(LOGICAL)
+        a = self.boolean()
+        if spec.arity == 1:
+            return self.node(spec.tf_ops[0], spec.ir_name, (a,), "bool")
+        shape = self.shape_of(a)
+        b = self.pick(lambda v: self.dtype_of(v) == "bool" and _broadcasts(self.shape_of(v), shape))
+        return self.node(spec.tf_ops[0], spec.ir_name, (a, b), "bool")
+
+    def select(self):
+        spec = self.ch.choice(SELECTS)
+        c = self.boolean()
+        x = self.pick(lambda v: self.data(v) and _broadcasts(self.shape_of(v), self.shape_of(c)))
+        if x is None:
+            return None
+        y = self.partner(x)
+        if not _broadcasts(self.shape_of(c), self.shape_of(x), self.shape_of(y)):
+            y = x
+        tf_op = self.ch.choice(spec.tf_ops)
+        if tf_op == "Select" and not (self.shape_of(c) == self.shape_of(x) == self.shape_of(y)):
+            tf_op = "SelectV2"  # v1 Select: the condition has x's shape (or is a scalar)
+        return self.node(tf_op, spec.ir_name, (c, x, y), self.dtype_of(x))
+
+    def cast(self):
+        x = self.pick(self.floating)
+        if x is None:
+            return None
+        to = self.ch.choice([d for d in FLOATS if d != self.dtype_of(x)])
+        return self.node("Cast", "Cast", (x,), to, to=to)
+
+    def like(self):
+        x = self.pick(lambda v: True)
+        op = self.ch.choice(["ZerosLike", "OnesLike"])
+        return self.node(op, op, (x,), self.dtype_of(x))
+
+    def addn(self):
+        x = self.pick(self.data)
+        operands = [x] + [self.partner(x, same_shape=True) for _ in range(self.ch.integers(1, 3))]
+        operands = [o for o in operands if self.shape_of(o) == self.shape_of(x)]  # AddN: no broadcast
+        return self.node("AddN", "AddN", operands, self.dtype_of(x))
+
+    def clip(self):
+        x = self.pick(self.data)
+        # each bound a scalar or a tensor of x's shape, drawn independently: lo > hi happens
+        lo, hi = (self.partner(x, same_shape=True) for _ in range(2))
+        for bound in (lo, hi):
+            if self.shape_of(bound) not in ((), self.shape_of(x)):
+                return None
+        return self.node("ClipByValue", "ClipByValue", (x, lo, hi), self.dtype_of(x),
+                         shape=self.shape_of(x))
+
+    def bias(self):
+        x = self.pick(lambda v: self.data(v) and len(self.shape_of(v)) >= 2)
+        if x is None:
+            return None
+        shape = self.shape_of(x)
+        fmt = "NHWC"
+        # NCHW needs rank >= 3. And TensorFlow's Grappler breaks a BiasAdd NCHW of a constant
+        # tensor of zeros (or a 0-sized one): it becomes an Add of the bias broadcast NHWC-wise,
+        # "Incompatible shapes: [C] vs. [N,C,W]" at run time, fused or not.
+        if len(shape) >= 3 and 0 not in shape and not self.foldable(x):
+            fmt = self.ch.choice(["NHWC", "NCHW"])
+        channels = shape[-1] if fmt == "NHWC" else shape[1]
+        b = self.add(Input((channels,), const=self.ch.chance(0.3), dtype=self.dtype_of(x)))
+        return self.node("BiasAdd", "BiasAdd", (x, b), self.dtype_of(x), shape=shape,
+                         data_format=fmt)
+
+    def view(self):
+        """A view of a new input (as Keras reshapes normalisation parameters) combined with a
+        value of the graph."""
+        a = self.pick(lambda v: self.data(v) and len(self.shape_of(v)) >= 1)
+        if a is None:
+            return None
+        dtype, shape = self.dtype_of(a), self.shape_of(a)
+        c = shape[-1]
+        op = self.ch.choice(VIEWS)
+        if op == "Squeeze":
+            src = self.add(Input((1, c), const=self.ch.chance(0.3), dtype=dtype))
+            v = self.node("Squeeze", "View", (src,), dtype, shape=(c,), squeeze=(0,))
+        elif op == "ExpandDims":
+            src = self.add(Input((c,), const=self.ch.chance(0.3), dtype=dtype))
+            v = self.node("ExpandDims", "View", (src,), dtype, shape=(1, c), axis=0)
+        else:
+            src = self.add(Input((c,), const=self.ch.chance(0.3), dtype=dtype))
+            v = self.node("Reshape", "View", (src,), dtype, shape=(1,) * (len(shape) - 1) + (c,))
+        spec = self.ch.choice([s for s in BINARY if ENUMS[dtype] in s.dtypes])
+        return self.node(self.ch.choice(spec.tf_ops), spec.ir_name, (a, v), dtype)
+
+    def _reduction(self, spec, x, axes, keep) -> int:
+        shape = reduced_shape(self.shape_of(x), axes, keep)
+        return self.node(spec.tf_ops[0], spec.ir_name, (x,), self.dtype_of(x), shape=shape,
+                         axes=tuple(axes), keep_dims=keep)
+
+    def reduce(self):
+        x = self.pick(lambda v: self.data(v) and len(self.shape_of(v)) >= 1)
+        if x is None:
+            return None
+        dtype, shape = self.dtype_of(x), self.shape_of(x)
+        rank = len(shape)
+        spec = self.ch.choice([s for s in REDUCTIONS if ENUMS[dtype] in s.dtypes])
+        if rank >= 3 and self.ch.chance(0.1):
+            axes = [0, rank - 1]  # not consecutive: refused by the rewriter, must still run
+        else:
+            start = self.ch.integers(0, rank - 1)
+            axes = list(range(start, self.ch.integers(start, rank - 1) + 1))
+        if self.ch.chance(0.3):
+            axes = [a - rank for a in axes]
+        r = self._reduction(spec, x, axes, self.ch.chance(0.5))
+        if self.ch.chance(0.5) and _broadcasts(self.shape_of(r), shape):
+            # the reduced value broadcast back over the value it reduces (x - mean, x / sum)
+            back = self.ch.choice([s for s in BINARY if ENUMS[dtype] in s.dtypes])
+            operands = (x, r) if self.ch.chance(0.7) else (r, x)
+            return self.node(self.ch.choice(back.tf_ops), back.ir_name, operands, dtype)
+        return r
+
+    def softmax(self):
+        x = self.pick(lambda v: self.floating(v) and len(self.shape_of(v)) >= 1)
+        if x is None:
+            return None
+        dtype, rank = self.dtype_of(x), len(self.shape_of(x))
+        axis = rank - 1 if self.ch.chance(0.7) else self.ch.integers(0, rank - 1)
+        m = self._reduction(catalog.for_ir_name("Max"), x, [axis], True)
+        s = self.node("Sub", "Sub", (x, m), dtype)
+        e = self.node("Exp", "Exp", (s,), dtype)
+        z = self._reduction(catalog.for_ir_name("Sum"), e, [axis], True)
+        return self.node("RealDiv", "Div", (e, z), dtype)
+
+    def layernorm(self):
+        x = self.pick(lambda v: self.floating(v) and len(self.shape_of(v)) >= 1)
+        if x is None:
+            return None
+        dtype, rank = self.dtype_of(x), len(self.shape_of(x))
+        axes = list(range(self.ch.integers(0, rank - 1), rank))
+        mean = catalog.for_ir_name("Mean")
+        mu = self._reduction(mean, x, axes, True)
+        d = self.node("Sub", "Sub", (x, mu), dtype)
+        if self.ch.chance(0.5):
+            sq = self.node("Square", "Square", (d,), dtype)
+        else:
+            sq = self.node("SquaredDifference", "SquaredDifference", (x, mu), dtype)
+        var = self._reduction(mean, sq, axes, True)
+        eps = self.add(Input((), const=True, dtype=dtype, value=1e-3))
+        r = self.node("Rsqrt", "Rsqrt", (self.node("AddV2", "Add", (var, eps), dtype),), dtype)
+        return self.node("Mul", "Mul", (d, r), dtype)
+
+
+def _moves(dtype: str, features: Features) -> list:
+    # simplest first (hypothesis shrinks to index 0); the many unary and binary ops get most draws
+    moves = ["unary", "binary"] * 3 + ["compare", "select", "logical", "like", "addn", "clip",
+                                       "bias"]
+    if dtype != "i32":
+        moves += ["test", "cast", "unary", "unary"]
+    if features.broadcast:
+        moves += ["view"]
     if features.reductions:
-        raise NotImplementedError("reductions: see Features for where to add them")
+        moves += ["reduce", "reduce", "reduce", "softmax", "layernorm"]
+    return moves
+
+
+def generate(ch: Chooser, features: Features = Features()) -> GraphSpec:
     dtype = ch.choice(DTYPES)
     shape = ch.choice(SHAPES)
-    ops = fuzzable_ops(dtype)
-    inputs = []
+    b = _Builder(ch, features, dtype, shape)
     for _ in range(ch.integers(1, 3)):
         declared = "static"
         if ch.chance(0.25):
             declared = ch.choice(["unknown_dims", "unknown_rank"])
-        inputs.append(Input(shape, declared))
+        b.add(Input(shape, declared))
     if ch.chance(0.2):
-        inputs.append(Input(shape, "static", const=True))
+        b.add(Input(shape, const=True))
     if features.broadcast and ch.chance(0.5):
-        inputs.append(Input(_broadcast_shape(ch, shape), "static"))
-    nodes: list[Node] = []
-    n_inputs = len(inputs)
-
-    def shape_of(v):
-        return inputs[v].shape if v < n_inputs else nodes[v - n_inputs].shape
-
-    def operand():
-        count = n_inputs + len(nodes)
-        if nodes and ch.chance(0.6):
-            return count - 1  # continue the chain
-        return ch.integers(0, count - 1)  # shared values, diamonds
-
+        b.add(Input(_broadcast_shape(ch, shape)))
+    moves = _moves(dtype, features)
+    nodes = lambda: sum(isinstance(v, Node) for v in b.values)  # noqa: E731
     for _ in range(ch.integers(1, features.max_nodes)):
-        spec = ch.choice(ops)
-        tf_op = ch.choice(spec.tf_ops)
-        operands = tuple(operand() for _ in range(spec.arity))
-        if spec.arity == 2 and all(o < n_inputs and inputs[o].const for o in operands):
-            operands = (operands[0], 0 if not inputs[0].const else operands[0])
-        out_shape = tuple(np.broadcast_shapes(*(shape_of(o) for o in operands)))
-        nodes.append(Node(tf_op, spec.ir_name, operands, out_shape))
-    last = len(nodes) - 1
-    fetches = sorted({last} | {j for j in range(last) if ch.chance(0.25)})
-    fed = sorted(j for j in range(last) if ch.chance(0.1))
-    return GraphSpec(dtype, inputs, nodes, fetches, fed, ch.integers(0, 2**31 - 1), features)
+        move = ch.choice(moves)
+        if getattr(b, move)() is None:
+            b.unary()
+        if nodes() >= features.max_nodes + 8:
+            break
+    node_ids = [v for v, item in enumerate(b.values) if isinstance(item, Node)]
+    last = node_ids[-1]
+    fetches = sorted({last} | {v for v in node_ids[:-1] if ch.chance(0.25)})
+    fed = sorted(v for v in node_ids[:-1] if ch.chance(0.1))
+    params = {}
+    if features.reductions:
+        params["autofuse_enable_pass"] = "reduce"
+    if features.flags and ch.chance(0.5):
+        params["max_fusion_size"] = str(ch.choice([64, 2, 3, 5]))
+        params["max_input_nums_after_fuse"] = str(ch.choice([8, 1, 2, 3]))
+        params["recomputation_threshold"] = str(ch.choice([0, 1, 3, 8]))
+    return GraphSpec(dtype, b.values, fetches, fed, ch.integers(0, 2**31 - 1), features, params)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,14 +717,22 @@ def generate(ch: Chooser, features: Features = Features()) -> GraphSpec:
 _SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0])
 
 
-def make_data(spec: GraphSpec) -> list:
-    """One array of the spec's dtype per input, and one per fed node."""
+def make_data(spec: GraphSpec) -> dict:
+    """{value index: array} for every input and every fed node."""
     rng = np.random.default_rng(spec.seed)
-    shapes = [x.shape for x in spec.inputs] + [spec.nodes[j].shape for j in spec.fed]
-    out = []
-    for shape in shapes:
+    wanted = [v for v, item in enumerate(spec.values) if isinstance(item, Input)] + spec.fed
+    out = {}
+    for v in wanted:
+        shape, dtype = spec.shape_of(v), spec.dtype_of(v)
+        item = spec.values[v]
         n = int(np.prod(shape))
-        if spec.dtype == "i32":
+        if isinstance(item, Input) and item.value is not None:
+            out[v] = np.full(shape, item.value, np_dtype(dtype))
+            continue
+        if dtype == "bool":
+            out[v] = (rng.random(n) < 0.5).reshape(shape)
+            continue
+        if dtype == "i32":
             kind = rng.integers(0, 3)
             if kind == 0:
                 x = rng.integers(-10, 11, n)
@@ -323,7 +740,7 @@ def make_data(spec: GraphSpec) -> list:
                 x = rng.integers(-(2**31), 2**31, n)
             else:
                 x = rng.choice([-(2**31), 2**31 - 1, -1, 0, 1, 6, 7, -7, 46341], n)
-            out.append(x.astype(np.int32).reshape(shape))
+            out[v] = x.astype(np.int32).reshape(shape)
             continue
         kind = rng.integers(0, 5)
         if kind == 0:
@@ -336,64 +753,93 @@ def make_data(spec: GraphSpec) -> list:
             x = np.round(rng.uniform(-8.0, 8.0, n) * 2) / 2
         else:
             x = rng.uniform(0.0, 3.0, n)
-        special = rng.random(n) < 0.05
+        # specials (NaN, +-inf, 0, 1...): often 5 %, but also rare or none, so that reductions
+        # over long axes do not all end up NaN
+        special = rng.random(n) < rng.choice([0.05, 0.005, 0.0])
         x[special] = rng.choice(_SPECIALS, int(special.sum()))
-        out.append(x.astype(np_dtype(spec.dtype)).reshape(shape))
+        out[v] = x.astype(np_dtype(dtype)).reshape(shape)
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Building and running
 
-def node_name(j):
-    return f"n{j}"
+def _raw(op: str, name: str, args):
+    """tf.raw_ops.<op> with the data operands `args` in the op's input order."""
+    import inspect
+
+    fn = getattr(tf.raw_ops, op)
+    params = [p for p in inspect.signature(fn).parameters if p != "name"]
+    return fn(name=name, **dict(zip(params, args)))
 
 
-def build_graph(spec: GraphSpec, data: list):
+def _tf_node(spec: GraphSpec, v: int, args):
+    node, name = spec.values[v], spec.name(v)
+    attrs = node.attrs
+    if node.ir_name in REDUCE_NAMES:
+        axes = tf.constant(np.array(attrs["axes"], np.int32), name=name + "_axes")
+        return getattr(tf.raw_ops, node.tf_op)(input=args[0], axis=axes,
+                                               keep_dims=attrs["keep_dims"], name=name)
+    if node.tf_op == "Cast":
+        return tf.raw_ops.Cast(x=args[0], DstT=TF_DTYPES[node.dtype], name=name)
+    if node.tf_op == "LeakyRelu":
+        return tf.raw_ops.LeakyRelu(features=args[0], alpha=attrs["alpha"], name=name)
+    if node.tf_op == "AddN":
+        return tf.raw_ops.AddN(inputs=list(args), name=name)
+    if node.tf_op == "BiasAdd":
+        return tf.raw_ops.BiasAdd(value=args[0], bias=args[1], data_format=attrs["data_format"],
+                                  name=name)
+    if node.tf_op == "Reshape":
+        target = tf.constant(np.array(node.shape, np.int32), name=name + "_shape")
+        return tf.raw_ops.Reshape(tensor=args[0], shape=target, name=name)
+    if node.tf_op == "ExpandDims":
+        axis = tf.constant(attrs["axis"], tf.int32, name=name + "_axis")
+        return tf.raw_ops.ExpandDims(input=args[0], axis=axis, name=name)
+    if node.tf_op == "Squeeze":
+        return tf.raw_ops.Squeeze(input=args[0], axis=list(attrs["squeeze"]), name=name)
+    return _raw(node.tf_op, name, args)
+
+
+def build_graph(spec: GraphSpec, data: dict):
     """A tf.Graph of the spec; returns (graph, fetch tensors, {fed tensor: array})."""
     graph = tf.Graph()
-    tdt = TF_DTYPES[spec.dtype]
+    tensors = []
     with graph.as_default():
-        values = []
-        for i, x in enumerate(spec.inputs):
-            if x.const:
-                values.append(tf.constant(data[i], tdt, name=f"c{i}"))
-                continue
-            shape = {"static": list(x.shape), "unknown_dims": [None] * len(x.shape),
-                     "unknown_rank": None}[x.declared]
-            values.append(tf1.placeholder(tdt, shape, name=f"in{i}"))
-        for j, node in enumerate(spec.nodes):
-            fn = getattr(tf.raw_ops, node.tf_op)
-            params = [p for p in fn.__signature__.parameters if p != "name"] \
-                if hasattr(fn, "__signature__") else None
-            if params is None:
-                import inspect
-
-                params = [p for p in inspect.signature(fn).parameters if p != "name"]
-            args = dict(zip(params, (values[o] for o in node.operands)))
-            values.append(fn(name=node_name(j), **args))
-    k = len(spec.inputs)
-    feeds = {values[i]: data[i] for i, x in enumerate(spec.inputs) if not x.const}
-    for f, j in enumerate(spec.fed):
-        feeds[values[k + j]] = data[k + f]
-    fetches = [values[k + j] for j in spec.fetches]
-    return graph, fetches, feeds
+        for v, item in enumerate(spec.values):
+            tdt = TF_DTYPES[spec.dtype_of(v)]
+            if isinstance(item, Node):
+                tensors.append(_tf_node(spec, v, [tensors[o] for o in item.operands]))
+            elif item.const:
+                tensors.append(tf.constant(data[v], tdt, name=spec.name(v)))
+            else:
+                shape = {"static": list(item.shape), "unknown_dims": [None] * len(item.shape),
+                         "unknown_rank": None}[item.declared]
+                tensors.append(tf1.placeholder(tdt, shape, name=spec.name(v)))
+    feeds = {tensors[v]: data[v] for v, item in enumerate(spec.values)
+             if isinstance(item, Input) and not item.const}
+    for v in spec.fed:
+        feeds[tensors[v]] = data[v]
+    return graph, [tensors[v] for v in spec.fetches], feeds
 
 
-def session_config(fuse: bool, threads: int = 0, arithmetic: bool = True):
+def session_config(fuse: bool, threads: int = 0, arithmetic: bool = True, params=None):
     cfg = tf1.ConfigProto(intra_op_parallelism_threads=threads)
     rewrite = cfg.graph_options.rewrite_options
     rewrite.use_plugin_optimizers = OFF
     if not arithmetic:
         rewrite.arithmetic_optimization = OFF
     if fuse:
-        rewrite.custom_optimizers.add().name = tf_autofuse.OPTIMIZER_NAME
+        custom = rewrite.custom_optimizers.add()
+        custom.name = tf_autofuse.OPTIMIZER_NAME
+        for key, value in (params or {}).items():
+            custom.parameter_map[key].s = value.encode()
     return cfg
 
 
-def run_session(graph, fetches, feeds, fuse: bool, arithmetic: bool = True):
+def run_session(graph, fetches, feeds, fuse: bool, arithmetic: bool = True, params=None):
     """(fetched values, {node name: op type} of what ran)."""
-    with tf1.Session(graph=graph, config=session_config(fuse, arithmetic=arithmetic)) as sess:
+    config = session_config(fuse, arithmetic=arithmetic, params=params)
+    with tf1.Session(graph=graph, config=config) as sess:
         metadata = tf1.RunMetadata()
         values = sess.run(fetches, feeds, options=tf1.RunOptions(output_partition_graphs=True),
                           run_metadata=metadata)
@@ -407,112 +853,353 @@ def run_session(graph, fetches, feeds, fuse: bool, arithmetic: bool = True):
 TF_16BIT_ULPS = 4  # TensorFlow's own 16-bit kernels (Softplus, Sigmoid in bf16) are this far off
 
 
-def reference(spec: GraphSpec, data: list, tf_nodes=None):
-    """Per node: (value, bound E, unstable mask). f64 for floats, wrapped int64 for i32.
+# Ops whose result is one of their operands, or an integer of them, computed exactly in any type
+# (only a 16-bit store rounds it).
+EXACT_OPS = frozenset({"Abs", "Neg", "Relu", "Relu6", "Sign", "Floor", "Ceil", "Round", "Maximum",
+                       "Minimum", "Select", "ClipByValue", "Max", "Min"})
+
+
+def _own_error(r, dtype: str, by_tf: bool, ir: str = ""):
+    """What one op may add at its output: OP_ULPS of the compute type; for 16-bit types the
+    rounding where the value leaves a kernel (half an ulp of a fused kernel's one rounding, or
+    TensorFlow's own 16-bit kernel); flush-to-zero under the smallest normal."""
+    if ir in EXACT_OPS:
+        if COMPUTE[dtype] == dtype:
+            return np.zeros(np.shape(r))
+        return np.where(r == 0, 0.0, 0.5 * ulp(r, dtype))
+    compute = COMPUTE[dtype]
+    e = OP_ULPS * ulp(r, compute)
+    if compute != dtype:
+        e = e + (TF_16BIT_ULPS if by_tf else 0.5) * ulp(r, dtype)
+    tiny = 2.0 ** _MIN_EXP[compute]
+    e = e + np.where(np.abs(r) < tiny, tiny, 0.0)
+    # an exact 0 is computed exactly: correctly rounded arithmetic never rounds to or from 0, and
+    # the library functions are exact where they are 0 (sin 0, log 1); an underflow in float64
+    # underflows in the narrower types too. (A value near 0 carries its operands' errors.)
+    return np.where(r == 0, 0.0, e)
+
+
+def _edges(r, e, dtype: str):
+    """Unstable where a bound is not finite or the value sits at an overflow threshold of the
+    compute type or of the stored type."""
+    u = ~np.isfinite(e)
+    a = np.abs(r)
+    slack = e + ulp(r, dtype)
+    for limit in {_MAX[COMPUTE[dtype]], _MAX[dtype]}:
+        u = u | (np.isfinite(a) & (a - slack <= limit) & (limit < a + slack))
+    return u
+
+
+def _propagate(model: OpModel, xs, es, shape, ctx, ref=None, r=None):
+    """(error carried over from the operands, where the op may jump).
+
+    ref, r: the op's reference and value; where r is +-inf and the reference gives that same
+    infinity at every corner of the operands' error boxes (Exp, Sinh, Pow of values far beyond
+    the overflow point), the result is that infinity whatever the errors."""
+    anynan = np.zeros(shape, bool)
+    for x in xs:
+        anynan = anynan | np.isnan(x)
+    e = np.zeros(shape)
+    # |derivative| at the worst corner of the operands' error boxes: a first-order bound that
+    # still covers curvature (Square of a value smaller than its own error)
+    corners = list(itertools.product((-1.0, 0.0, 1.0), repeat=len(xs)))
+    saturated = np.zeros(shape, bool)
+    if ref is not None and np.isinf(r).any():
+        saturated = np.isinf(r)
+        for signs in corners:
+            moved = [x + s * eb if s else x for x, s, eb in zip(xs, signs, es)]
+            saturated = saturated & (np.broadcast_to(ref(*moved), shape) == r)
+    for deriv, ei in zip(model.derivs, es):
+        d = np.zeros(shape)
+        for signs in corners:
+            moved = [x + s * eb if s else x for x, s, eb in zip(xs, signs, es)]
+            d = np.fmax(d, np.abs(np.broadcast_to(deriv(*moved), shape)))
+        contrib = np.where((np.broadcast_to(ei, shape) == 0) | anynan | saturated, 0.0, d * ei)
+        e = e + np.where(np.isnan(contrib), np.inf, contrib)
+    u = np.zeros(shape, bool)
+    for index, dist in model.critical:
+        dd = np.broadcast_to(dist(*xs), shape)
+        ei = np.broadcast_to(es[index], shape)
+        u = u | (dd < ei) | ((dd == 0) & (ei > 0))
+    if model.unstable is not None:
+        u = u | np.broadcast_to(model.unstable(xs, es, ctx), shape)
+    return e, u
+
+
+# Accumulator of a reduction: the kernel's (docs/PROGRAM.md: f16/bf16 in f32, f32 and f64 in
+# f64) and TensorFlow's (tensorflow/core/kernels/reduction_ops.h: bf16 Sum in float, everything
+# else -- f16 Sum, f16/bf16 Mean and Prod -- in the type itself).
+def _accumulator(op: str, dtype: str, by_tf: bool) -> str:
+    if op in ("Max", "Min"):
+        return dtype if dtype in FLOATS else "f64"
+    if not by_tf:
+        return "f32" if dtype in ("f16", "bf16") else "f64"
+    if op == "Sum" and dtype == "bf16":
+        return "f32"
+    return dtype
+
+
+def _gamma(n: int, acc: str) -> float:
+    """The classic bound of n roundings in a row, whatever the order: n u / (1 - n u)."""
+    nu = n * unit_roundoff(acc)
+    return nu / (1 - nu) if nu < 1 else np.inf
+
+
+def _reduce_reference(node, x, e, u, dtype: str, by_tf: bool):
+    """(value, bound, unstable) of a reduction, keep_dims form."""
+    rank = x.ndim
+    axes = tuple(sorted({a % rank for a in node.attrs["axes"]}))
+    kw = dict(axis=axes, keepdims=True)
+    n = int(np.prod([x.shape[a] for a in axes]))
+    op = node.ir_name
+    reference_ = catalog.for_ir_name(op).reference
+
+    def ref(*args, **kwargs):
+        with warnings.catch_warnings():  # np.mean of an empty slice: NaN, as TensorFlow's
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return reference_(*args, **kwargs)
+
+    unstable = np.any(u, **kw)
+    if dtype == "i32":
+        r = ref(x.astype(np.int32), axes=axes).astype(np.int64)
+        return (r + 2**31) % 2**32 - 2**31, np.zeros(r.shape), unstable
+    r = ref(x, axes=axes)
+    finite = np.isfinite(x)
+    magnitude = np.abs(np.where(finite, x, 0.0))
+    ef = np.where(finite, e, 0.0)
+    acc = _accumulator(op, dtype, by_tf)
+    if op in ("Max", "Min"):
+        return r, np.max(ef, initial=0.0, **kw), unstable
+    gamma = _gamma(n, acc)
+    if op == "Prod":
+        # The true product of finite values: 0 when one is 0, where numpy's float64 product may
+        # have overflowed first (inf * 0 = NaN), and exp(sum of logs) where it over- or
+        # underflowed although the product itself fits.
+        all_finite = np.all(finite, **kw)
+        has_zero = np.any(x == 0, **kw)
+        sign = np.prod(np.sign(np.where(x == 0, 1.0, np.where(finite, x, 1.0))), **kw)
+        robust = np.where(has_zero, 0.0,
+                          sign * np.exp(np.sum(np.log(np.where(x == 0, 1.0, magnitude)), **kw)))
+        r = np.where(all_finite & (has_zero | ~np.isfinite(r) | (r == 0)), robust, r)
+        # |prod(x + d) - prod(x)| <= prod(|x| + e) - prod(|x|), exactly (expand the product);
+        # the n - 1 roundings add gamma_n of the computed magnitude, prod(|x| + e) at most
+        top = magnitude + ef
+        upper = np.exp(np.sum(np.log(top), **kw))
+        positive = np.all(magnitude > 0, **kw)
+        ratio = np.where(magnitude > 0, ef / np.where(magnitude > 0, magnitude, 1.0), 0.0)
+        grown = np.exp(np.sum(np.log(magnitude + (magnitude == 0)), **kw)) * np.expm1(
+            np.sum(np.log1p(ratio), **kw))
+        bound = np.where(positive, grown, upper) + gamma * upper
+        # partial products may overflow, or underflow (and flush) and be scaled back up, in an
+        # order the final product does not show
+        big = np.exp(np.sum(np.log(np.maximum(top, 1.0)), **kw))
+        exact_zero = (x == 0) & (e == 0)
+        small = np.where((magnitude < 1) & ~exact_zero, np.maximum(magnitude - ef, 0.0), 1.0)
+        smallest = np.exp(np.sum(np.log(small), **kw))
+        unstable = unstable | ((big >= _MAX[acc]) & (has_zero | (np.abs(r) < _MAX[acc])))
+        unstable = unstable | ((smallest < 2.0 ** _MIN_EXP[acc]) & (big > 1))
+        return r, bound, unstable
+    # Sum, Mean: the operands' bounds add up; n roundings of partial sums at most |x| summed
+    # each; a partial sum flushed to zero loses at most the smallest normal
+    total = np.sum(magnitude, **kw)
+    bound = np.sum(ef, **kw) + gamma * total + n * 2.0 ** _MIN_EXP[acc]
+    unstable = unstable | (total + np.sum(ef, **kw) >= _MAX[acc])  # a partial sum may overflow
+    if op == "Mean":
+        bound = bound / n if n else np.zeros_like(bound)
+        if by_tf and dtype in ("f16", "bf16"):
+            # TensorFlow divides by the count rounded to the 16-bit type (inf beyond 65504)
+            count = float(np.array(n, np.float64).astype(np_dtype(dtype)))
+            if not np.isfinite(count):
+                unstable = np.ones_like(unstable)
+            elif n:
+                bound = bound + np.abs(r) * abs(n / count - 1)
+    return r, bound, unstable
+
+
+_EXACT_ON_ITSELF = {"Sub", "SquaredDifference", "Div", "FloorDiv", "FloorMod"} | COMPARISON_NAMES
+
+
+def _tf_clip(x, lo, hi):
+    """TensorFlow's ClipByValue: max(min(x, hi), lo) of std::min/max, so lo wins when lo > hi and
+    a NaN bound is ignored (a NaN x stays NaN)."""
+    m = np.where(hi < x, hi, x)
+    return np.where(m < lo, lo, m)
+
+
+def _bias_view(bias, rank: int, fmt: str):
+    return bias if fmt != "NCHW" else bias.reshape(bias.shape + (1,) * (rank - 2))
+
+
+def _node_reference(node, xs, es, us, dtype: str, by_tf: bool):
+    """(value, bound, unstable) of one node from its operands'. Values are f64 for floats, int64
+    (wrapped) for i32, bool for bool."""
+    shape, ir = node.shape, node.ir_name
+    zeros = np.zeros(shape)
+    if ir == "BiasAdd":  # the bias as TensorFlow broadcasts it
+        fmt, rank = node.attrs["data_format"], len(shape)
+        xs, es, us = ([a[0], _bias_view(a[1], rank, fmt)] for a in (xs, es, us))
+    anyu = np.zeros(shape, bool)
+    if ir not in REDUCE_NAMES and ir != "View":
+        for ui in us:
+            anyu = anyu | np.broadcast_to(ui, shape)
+    if ir in REDUCE_NAMES:
+        r, e, u = _reduce_reference(node, xs[0], es[0], us[0], dtype, by_tf)
+        r, e, u = r.reshape(shape), e.reshape(shape), u.reshape(shape)
+        if dtype == "i32":
+            return r, e, u
+        e = e + _own_error(r, dtype, by_tf, ir)
+        return r, e, u | _edges(r, e, dtype)
+    if ir == "View":
+        return xs[0].reshape(shape), es[0].reshape(shape), us[0].reshape(shape)
+    if ir in ("ZerosLike", "OnesLike"):
+        value = 0 if ir == "ZerosLike" else 1
+        kind = {"bool": bool, "i32": np.int64}.get(dtype, np.float64)
+        return np.full(shape, value, kind), zeros, np.zeros(shape, bool)
+    if (ir in _EXACT_ON_ITSELF and len(xs) == 2 and node.operands[0] == node.operands[1]
+            and xs[0].dtype == np.float64):
+        # x - x, x == x, x // x...: both operands are the same value in either path, so the
+        # result is exact given x (0, 1, true, false), whatever x's error; x / x may be 0 / 0
+        x, ex = xs[0], es[0]
+        r = np.broadcast_to(catalog.for_ir_name(ir).reference(x, x), shape)
+        if dtype == "bool":
+            return r, zeros, anyu
+        u = anyu | ((ex > 0) & (np.abs(x) <= ex) & (ir in ("Div", "FloorDiv", "FloorMod")))
+        r = np.asarray(r, np.float64)
+        e = _own_error(r, dtype, by_tf, ir)
+        return r, e, u | _edges(r, e, dtype)
+    if dtype == "bool":
+        spec = catalog.for_ir_name(ir)
+        r = np.broadcast_to(spec.reference(*xs), shape)
+        if ir in COMPARISON_NAMES and xs[0].dtype == np.float64:
+            # a comparison of values closer than their errors may come out either way
+            gap = np.broadcast_to(np.abs(xs[0] - xs[1]), shape)
+            err = np.broadcast_to(es[0] + es[1], shape)
+            anyu = anyu | ((err > 0) & (gap <= err))
+        return r, zeros, anyu
+    if ir == "Select":
+        c, x, y = xs
+        r = np.broadcast_to(np.where(c, x, y), shape)
+        e = np.broadcast_to(np.where(c, es[1], es[2]), shape)
+        u = np.broadcast_to(us[0] | np.where(c, us[1], us[2]), shape)
+        if dtype == "i32":
+            return r, zeros, u
+        e = e + _own_error(r, dtype, by_tf, ir)
+        return r, e, u | _edges(r, e, dtype)
+    if dtype == "i32":
+        if ir == "AddN":
+            r = np.sum(np.stack([np.broadcast_to(x, shape) for x in xs]), axis=0)
+        elif ir == "ClipByValue":
+            r = _tf_clip(*xs)
+        elif ir == "BiasAdd":
+            r = xs[0] + xs[1]
+        else:
+            r = catalog.for_ir_name(ir).reference(*xs)
+        r = np.broadcast_to(r, shape).astype(np.int64)
+        return (r + 2**31) % 2**32 - 2**31, zeros, anyu
+    if ir == "Cast":
+        x = xs[0]
+        stored = x.astype(np_dtype(dtype)).astype(np.float64)  # overflows like the target
+        r = np.where(np.isinf(stored) & np.isfinite(x), stored, x)
+        # rounding to the target, possibly through f32 first (double rounding): one ulp of it;
+        # flush-to-zero of a result under the target's smallest normal
+        tiny = 2.0 ** _MIN_EXP[dtype]
+        e = es[0] + ulp(r, dtype) + np.where(np.abs(r) < tiny, tiny, 0.0)
+        u = us[0]
+    elif ir == "AddN":
+        xs = [np.broadcast_to(x, shape) for x in xs]
+        r = np.sum(np.stack(xs), axis=0)
+        # len - 1 additions in the compute type (TensorFlow's 16-bit AddN in the type itself)
+        acc = dtype if by_tf else COMPUTE[dtype]
+        magnitude = np.sum(np.stack([np.abs(x) for x in xs]), axis=0)
+        e = sum(np.broadcast_to(ei, shape) for ei in es) + \
+            _gamma(len(xs) - 1, acc) * np.where(np.isfinite(magnitude), magnitude, 0.0)
+        u = anyu
+    elif ir == "ClipByValue":
+        r = np.broadcast_to(_tf_clip(*xs), shape)
+        e = np.maximum(np.maximum(es[0], es[1]), es[2]) + zeros  # 1-Lipschitz in each operand
+        u = anyu
+    else:
+        if ir == "BiasAdd":
+            model, ref = ERROR_MODEL["Add"], np.add
+        else:
+            model = op_model(ir, node.attrs)
+            spec = catalog.for_ir_name(ir)
+            ref = (lambda *a: spec.reference(*a, **node.attrs)) if spec.attrs else spec.reference
+        r = np.broadcast_to(ref(*xs), shape).astype(np.float64)
+        ctx = types.SimpleNamespace(compute=COMPUTE[dtype], dtype=dtype)
+        e, u = _propagate(model, xs, es, shape, ctx, ref, r)
+        u = u | anyu
+    r = np.asarray(r, np.float64)
+    e = e + _own_error(r, dtype, by_tf, ir)
+    return r, e, u | _edges(r, e, dtype)
+
+
+def reference(spec: GraphSpec, data: dict, tf_nodes=None):
+    """Per value: (value, bound E, unstable mask). f64 for floats, wrapped int64 for i32, bool.
 
     tf_nodes: indices of nodes TensorFlow itself computed in the fused run (left unfused, or
     constant-folded); None: all of them may be. For 16-bit types such a node may be off by
-    TF_16BIT_ULPS of the stored type, a fused one by half an ulp (its one rounding).
+    TF_16BIT_ULPS of the stored type, a fused one by half an ulp (its one rounding); a reduction
+    TensorFlow computed accumulates in TensorFlow's accumulator type.
     """
-    k = len(spec.inputs)
-    fed = {j: data[k + f] for f, j in enumerate(spec.fed)}
-    is_int = spec.dtype == "i32"
     vals, bounds, unstable = [], [], []
-    for i in range(k):
-        x = data[i]
-        vals.append(x.astype(np.int64) if is_int else x.astype(np.float64))
-        bounds.append(np.zeros(x.shape))
-        unstable.append(np.zeros(x.shape, bool))
-    for j, node in enumerate(spec.nodes):
-        shape = node.shape
-        if j in fed:
-            x = fed[j]
-            vals.append(x.astype(np.int64) if is_int else x.astype(np.float64))
-            bounds.append(np.zeros(shape))
-            unstable.append(np.zeros(shape, bool))
+    for v, item in enumerate(spec.values):
+        dtype = spec.dtype_of(v)
+        if isinstance(item, Input) or v in spec.fed:
+            x = data[v]
+            vals.append(x.astype({"i32": np.int64, "bool": bool}.get(dtype, np.float64)))
+            bounds.append(np.zeros(x.shape))
+            unstable.append(np.zeros(x.shape, bool))
             continue
-        ref = catalog.for_ir_name(node.ir_name).reference
-        xs = [vals[o] for o in node.operands]
+        by_tf = tf_nodes is None or v in tf_nodes
+        operands = item.operands
         with np.errstate(all="ignore"):
-            r = np.broadcast_to(ref(*xs), shape)
-        if is_int:
-            vals.append((r.astype(np.int64) + 2**31) % 2**32 - 2**31)
-            bounds.append(np.zeros(shape))
-            unstable.append(np.zeros(shape, bool))
-            continue
-        r = r.astype(np.float64)
-        es = [bounds[o] for o in node.operands]
-        us = [unstable[o] for o in node.operands]
-        model = ERROR_MODEL[node.ir_name]
-        compute = COMPUTE[spec.dtype]
-        with np.errstate(all="ignore"):
-            e = OP_ULPS * ulp(r, compute)
-            if compute != spec.dtype:
-                # 16-bit values are rounded where they leave a kernel: half an ulp of the stored
-                # type for a fused node's output; TensorFlow's own 16-bit kernels, which the
-                # fused graph still runs for the ops left unfused, are less accurate than that
-                by_tf = tf_nodes is None or j in tf_nodes
-                e = e + (TF_16BIT_ULPS if by_tf else 0.5) * ulp(r, spec.dtype)
-            # flush-to-zero: a result under the smallest normal may come out as 0
-            e = e + np.where(np.abs(r) < 2.0 ** _MIN_EXP[compute], 2.0 ** _MIN_EXP[compute], 0.0)
-            anynan = np.zeros(shape, bool)
-            for x in xs:
-                anynan = anynan | np.isnan(x)
-            # |derivative| at the worst corner of the operands' error boxes: a first-order bound
-            # that still covers curvature (Square of a value smaller than its own error)
-            corners = list(itertools.product((-1.0, 0.0, 1.0), repeat=len(xs)))
-            for deriv, ei in zip(model.derivs, es):
-                d = np.zeros(shape)
-                for signs in corners:
-                    moved = [x + s * eb if s else x for x, s, eb in zip(xs, signs, es)]
-                    d = np.fmax(d, np.abs(np.broadcast_to(deriv(*moved), shape)))
-                contrib = np.where((ei == 0) | anynan, 0.0, d * ei)
-                e = e + np.where(np.isnan(contrib), np.inf, contrib)
-            u = np.zeros(shape, bool)
-            for ui in us:
-                u = u | ui
-            for index, dist in model.critical:
-                dd = np.broadcast_to(dist(*xs), shape)
-                ei = np.broadcast_to(es[index], shape)
-                u = u | (dd < ei) | ((dd == 0) & (ei > 0))
-            u = u | ~np.isfinite(e)
-            # overflow thresholds of the compute type and of the stored type
-            for limit in {_MAX[compute], _MAX[spec.dtype]}:
-                a = np.abs(r)
-                slack = e + ulp(r, spec.dtype)
-                u = u | (np.isfinite(a) & (a - slack <= limit) & (limit < a + slack))
-        vals.append(r)
-        bounds.append(e)
-        unstable.append(u)
+            r, e, u = _node_reference(item, [vals[o] for o in operands],
+                                      [bounds[o] for o in operands],
+                                      [unstable[o] for o in operands], dtype, by_tf)
+        vals.append(np.asarray(r))
+        bounds.append(np.asarray(e, np.float64))
+        unstable.append(np.asarray(u, bool))
     return vals, bounds, unstable
 
 
 @dataclasses.dataclass
 class Outcome:
     fused_kernels: int = 0
+    reduce_kernels: int = 0
     elements: int = 0
     unstable: int = 0
 
 
-def compare(spec: GraphSpec, j: int, fused, unfused, r, e, u) -> tuple[int, Optional[str]]:
-    """(unstable elements, failure message or None) for fetched node j."""
-    what = f"n{j} ({spec.nodes[j].tf_op}) {spec.dtype}{list(spec.nodes[j].shape)}"
+def compare(spec: GraphSpec, v: int, fused, unfused, r, e, u) -> tuple[int, Optional[str]]:
+    """(unstable elements, failure message or None) for fetched node v."""
+    node = spec.values[v]
+    dtype = node.dtype
+    what = f"{spec.name(v)} ({node.tf_op}) {dtype}{list(node.shape)}"
     fused, unfused = np.asarray(fused), np.asarray(unfused)
-    if fused.shape != tuple(spec.nodes[j].shape) or fused.shape != unfused.shape:
+    if fused.shape != tuple(node.shape) or fused.shape != unfused.shape:
         return 0, f"{what}: shape fused {fused.shape} unfused {unfused.shape}"
     if fused.dtype != unfused.dtype:
         return 0, f"{what}: dtype fused {fused.dtype} unfused {unfused.dtype}"
-    if spec.dtype == "i32":
-        f, t = fused.astype(np.int64).ravel(), unfused.astype(np.int64).ravel()
-        # equal to TensorFlow always; to the reference wherever TensorFlow is
-        ok = (f == t) & ((f == r.ravel()) | (t != r.ravel()))
+    u = u.ravel()
+    if dtype in ("i32", "bool"):
+        f, t, rr = fused.ravel(), unfused.ravel(), r.ravel()
+        if dtype == "i32":
+            f, t = f.astype(np.int64), t.astype(np.int64)
+        # equal to TensorFlow always (bool: or to the reference); to the reference wherever
+        # TensorFlow is
+        if dtype == "i32":
+            ok = u | ((f == t) & ((f == rr) | (t != rr)))
+        else:
+            ok = u | (f == t) | (f == rr)
         if ok.all():
-            return 0, None
+            return int(u.sum()), None
         bad = np.flatnonzero(~ok)[:6]
-        return 0, f"{what}: int mismatch at {bad}: fused {f[bad]} unfused {t[bad]} ref {r.ravel()[bad]}"
+        return int(u.sum()), (f"{what}: mismatch at {bad}: fused {f[bad]} unfused {t[bad]} "
+                              f"ref {rr[bad]}")
     f, t = fused.astype(np.float64).ravel(), unfused.astype(np.float64).ravel()
-    r, e, u = r.ravel(), e.ravel(), u.ravel()
-    tol = e + ulp(r, spec.dtype)
+    r, e = r.ravel(), e.ravel()
+    tol = e + ulp(r, dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         same_class = (np.isnan(f) & np.isnan(t)) | (np.isinf(f) & (f == t))
         f_fin, t_fin = np.isfinite(f), np.isfinite(t)
@@ -522,7 +1209,7 @@ def compare(spec: GraphSpec, j: int, fused, unfused, r, e, u) -> tuple[int, Opti
         # fused gets depends on where the partition still rounds to 16 bits.
         better = f_fin & ~t_fin & np.isfinite(r)
         # TensorFlow is off the reference and fused is on it (TF's f64 Erf(+-inf) is NaN)
-        stored = r.astype(np_dtype(spec.dtype)).astype(np.float64)  # overflows like the dtype
+        stored = r.astype(np_dtype(dtype)).astype(np.float64)  # overflows like the dtype
         right = (np.isnan(f) & np.isnan(r)) | (np.isinf(f) & (f == stored))
         ok = u | same_class | both | better | right | (f_fin & t_fin & (f == t))
     if ok.all():
@@ -533,12 +1220,20 @@ def compare(spec: GraphSpec, j: int, fused, unfused, r, e, u) -> tuple[int, Opti
     return int(u.sum()), f"{what}: {np.count_nonzero(~ok)} of {f.size} elements off: {rows}"
 
 
+def rewriter_flags(spec: GraphSpec):
+    """The flags object the session's parameter_map makes (tf_autofuse.flags)."""
+    from tf_autofuse.flags import Flags
+
+    return Flags().with_overrides(spec.params, source="random graph")
+
+
 def check_structure(spec: GraphSpec, graph) -> int:
     """The rewriter's invariants on this graph; returns how many fusions it made."""
     graph_def = graph.as_graph_def()
-    preserve = [node_name(j) for j in spec.fetches] + [node_name(j) for j in spec.fed]
-    feeds = [node_name(j) for j in spec.fed]
-    result = rewriter.rewrite(graph_def, preserve=preserve, feeds=feeds)
+    preserve = [spec.name(v) for v in spec.fetches] + [spec.name(v) for v in spec.fed]
+    feeds = [spec.name(v) for v in spec.fed]
+    flags = rewriter_flags(spec)
+    result = rewriter.rewrite(graph_def, preserve=preserve, feeds=feeds, flags=flags)
     out = {n.name: n for n in result.graph_def.node}
     read = {i.split(":")[0] for n in graph_def.node for i in n.input if not i.startswith("^")}
     # a member nothing reads can only be there to be fetched: it keeps its name too
@@ -554,11 +1249,11 @@ def check_structure(spec: GraphSpec, graph) -> int:
                 assert node.op == "Identity" and node.input[0].split(":")[0] == fusion.name, node
             else:
                 assert member not in out, f"fused member {member} is still in the graph"
-    again = rewriter.rewrite(result.graph_def, preserve=preserve, feeds=feeds)
+    again = rewriter.rewrite(result.graph_def, preserve=preserve, feeds=feeds, flags=flags)
     assert not again.fusions, "the second pass fused again"
     assert again.graph_def.SerializeToString(deterministic=True) == \
         result.graph_def.SerializeToString(deterministic=True), "the second pass changed the graph"
-    direct = rewriter.optimize(graph_def, preserve=preserve, feeds=feeds)
+    direct = rewriter.optimize(graph_def, preserve=preserve, feeds=feeds, flags=flags)
     assert direct.SerializeToString(deterministic=True) == \
         result.graph_def.SerializeToString(deterministic=True), "optimize() is not deterministic"
     return len(result.fusions)
@@ -574,18 +1269,18 @@ def check_spec(spec: GraphSpec) -> Outcome:
     # x * x to a new node: a TensorFlow bug), so such graphs run without it.
     arithmetic = not spec.fed
     unfused, _ = run_session(graph, fetches, feeds, fuse=False, arithmetic=arithmetic)
-    fused, executed = run_session(graph, fetches, feeds, fuse=True, arithmetic=arithmetic)
+    fused, executed = run_session(graph, fetches, feeds, fuse=True, arithmetic=arithmetic,
+                                  params=spec.params)
     # nodes TensorFlow computed in the fused run: still there under their name, as their own
     # op or a folded Const (a fused member is gone, or an Identity of its kernel)
-    tf_nodes = {j for j in range(len(spec.nodes))
-                if executed.get(node_name(j), "Identity") != "Identity"}
+    tf_nodes = {v for v in spec.node_indices()
+                if executed.get(spec.name(v), "Identity") != "Identity"}
     vals, bounds, unstable = reference(spec, data, tf_nodes)
-    k = len(spec.inputs)
-    outcome = Outcome(sum(op == "AutofuseKernel" for op in executed.values()))
+    kernels = [n for n, op in executed.items() if op == "AutofuseKernel"]
+    outcome = Outcome(len(kernels), sum(n.startswith("autofuse_reduce") for n in kernels))
     failures = []
-    for value_f, value_t, j in zip(fused, unfused, spec.fetches):
-        n_unstable, message = compare(spec, j, value_f, value_t, vals[k + j], bounds[k + j],
-                                      unstable[k + j])
+    for value_f, value_t, v in zip(fused, unfused, spec.fetches):
+        n_unstable, message = compare(spec, v, value_f, value_t, vals[v], bounds[v], unstable[v])
         outcome.elements += np.asarray(value_f).size
         outcome.unstable += n_unstable
         if message:
@@ -598,24 +1293,45 @@ def check_spec(spec: GraphSpec) -> Outcome:
 # The tests
 
 CI_EXAMPLES = int(os.environ.get("TF_AUTOFUSE_FUZZ_EXAMPLES", "400"))
+CI_REDUCE_EXAMPLES = int(os.environ.get("TF_AUTOFUSE_FUZZ_REDUCE_EXAMPLES", "150"))
 
 
-# Elementwise ops the generator does not draw yet, and why. Each is covered against numpy and
-# TensorFlow by tests/test_kernel_broadcast_reduce.py and by the rewriter tests; drawing them
-# here needs an error model (float ops) or typed edges (bool results, dtype changes).
-NOT_FUZZED_YET = {
-    "Atan": "no error model yet", "Tan": "no error model yet", "Sinh": "no error model yet",
-    "Cosh": "no error model yet", "LeakyRelu": "needs its alpha attr drawn",
-    "Cast": "changes the dtype", "IsNan": "bool result", "IsInf": "bool result",
-    "IsFinite": "bool result", "LogicalNot": "bool operand", "ZerosLike": "constant result",
-    "OnesLike": "constant result",
-}
+def _catalog_ops_drawn(specs) -> tuple:
+    """(TF op types, IR ops) the specs hold."""
+    tf_ops = {n.tf_op for s in specs for n in s.nodes}
+    ir_ops = {n.ir_name for s in specs for n in s.nodes}
+    return tf_ops, ir_ops
 
 
-def test_error_model_covers_the_elementwise_catalog():
+def test_generator_covers_the_op_table():
+    """Every TF op type and IR op of the catalog is drawn, in every dtype it allows."""
+    specs = [generate(RandomChooser(np.random.default_rng([3, i])), features)
+             for features in (Features(), ALL) for i in range(1000)]
+    tf_ops, ir_ops = _catalog_ops_drawn(specs)
+    assert not set(catalog.TF_OPS) - tf_ops, sorted(set(catalog.TF_OPS) - tf_ops)
+    assert not {s.ir_name for s in catalog.OPS} - ir_ops, \
+        sorted({s.ir_name for s in catalog.OPS} - ir_ops)
+    by_dtype = {(n.ir_name, s.dtype_of(n.operands[0])) for s in specs for n in s.nodes}
+    missing = sorted((spec.ir_name, d) for spec in catalog.OPS for d in DTYPES + ("bool",)
+                     if ENUMS[d] in spec.dtypes and spec.operand_roles()[0] == "data"
+                     and (spec.ir_name, d) not in by_dtype)
+    assert not missing, missing
+    # the reduction shapes the kernel has modes for, and the edges
+    reductions = [(s.shape_of(n.operands[0]), n.attrs) for s in specs for n in s.nodes
+                  if n.ir_name in REDUCE_NAMES]
+    lengths = {int(np.prod([sh[a] for a in at["axes"]])) for sh, at in reductions}
+    assert 0 in lengths and 1 in lengths and max(lengths) > 4096
+    assert {at["keep_dims"] for _, at in reductions} == {True, False}
+
+
+def test_error_model_covers_the_catalog():
+    """Every float op the generator draws has an error model (a derivative-based one, or a case
+    of its own in `_node_reference`)."""
+    own_cases = {"Cast", "ZerosLike", "OnesLike", "Select"} | REDUCE_NAMES
     missing = sorted(s.ir_name for s in catalog.OPS
-                     if s.kind == catalog.ELEMENTWISE and s.ir_name not in ERROR_MODEL
-                     and s.ir_name not in NOT_FUZZED_YET)
+                     if not catalog.FLOAT.isdisjoint(s.dtypes) and s.result == "same"
+                     and s.ir_name not in ERROR_MODEL and s.ir_name not in ATTR_MODELS
+                     and s.ir_name not in own_cases)
     assert not missing, f"add these ops to ERROR_MODEL in {__file__}: {missing}"
 
 
@@ -623,37 +1339,48 @@ def _hypothesis():
     return pytest.importorskip("hypothesis")
 
 
-def test_random_graphs_match_unfused_and_float64():
+def _run_hypothesis(features: Features, examples: int) -> list:
     hypothesis = _hypothesis()
     from hypothesis import strategies as st
 
     stats = []
 
-    @hypothesis.settings(max_examples=CI_EXAMPLES, derandomize=True, deadline=None,
+    @hypothesis.settings(max_examples=examples, derandomize=True, deadline=None,
                          database=None, print_blob=True,
                          suppress_health_check=list(hypothesis.HealthCheck))
     @hypothesis.given(st.data())
     def prop(data):
-        stats.append(check_spec(generate(HypothesisChooser(data))))
+        stats.append(check_spec(generate(HypothesisChooser(data), features)))
 
     prop()
     fused = sum(1 for s in stats if s.fused_kernels)
     elements = sum(s.elements for s in stats)
     unstable = sum(s.unstable for s in stats)
-    print(f"\n{len(stats)} graphs, {fused} with fused kernels, {elements} elements compared, "
-          f"{unstable} unstable")
+    print(f"\n{len(stats)} graphs, {fused} with fused kernels "
+          f"({sum(1 for s in stats if s.reduce_kernels)} with reductions), {elements} elements "
+          f"compared, {unstable} unstable")
     assert fused >= len(stats) // 4, "too few graphs fused: the test is not exercising fusion"
     assert unstable <= elements // 10
+    return stats
+
+
+def test_random_graphs_match_unfused_and_float64():
+    _run_hypothesis(Features(), CI_EXAMPLES)
+
+
+def test_random_graphs_with_reductions_and_broadcast():
+    stats = _run_hypothesis(ALL, CI_REDUCE_EXAMPLES)
+    assert sum(1 for s in stats if s.reduce_kernels) >= len(stats) // 8, \
+        "too few graphs with a fused reduction"
 
 
 def test_random_graphs_with_broadcast_operands():
-    """Broadcast operands are refused today; the graphs must still run with unfused results."""
     rng = np.random.default_rng(20261203)
     for _ in range(25):
         check_spec(generate(RandomChooser(rng), Features(broadcast=True)))
 
 
 def test_generator_is_deterministic():
-    a = generate(RandomChooser(np.random.default_rng(7)))
-    b = generate(RandomChooser(np.random.default_rng(7)))
+    a = generate(RandomChooser(np.random.default_rng(7)), ALL)
+    b = generate(RandomChooser(np.random.default_rng(7)), ALL)
     assert a.describe() == b.describe()

@@ -781,7 +781,7 @@ def test_catalog_names():
     assert catalog.for_tf_op("BiasAdd") is None  # not one to one: see catalog.tf_op
     assert catalog.tf_op("BiasAdd").kind == "broadcast"
     assert catalog.tf_op("AddN").ir_ops == ("Add",)
-    assert catalog.tf_op("ClipByValue").ir_ops == ("Maximum", "Minimum")
+    assert catalog.tf_op("ClipByValue").ir_ops == ("Maximum", "Minimum", "Less", "Select")
     assert catalog.tf_op("Reshape").kind == "view"
     assert catalog.for_tf_op("Select") is catalog.for_tf_op("SelectV2")
     assert "_UnaryOpsComposition" in catalog.candidate_op_types()
@@ -1362,7 +1362,7 @@ def test_add_n_clip_leaky_relu_and_cast_lower_to_the_ir():
     assert programs(result) == {
         "autofuse_pointwise_0_Abs_AddN_ClipByValue_LeakyRelu_Cast_Mul_Cast": (
             "in0: f32[3,4]\nin1: f32[3,4]\n%0 = Abs in0\n%1 = Add in0, in1\n%2 = Add %1, %0\n"
-            "%3 = Maximum %2, -1.0\n%4 = Minimum %3, 2.0\n%5 = LeakyRelu %4 alpha=0.25\n"
+            "%3 = Minimum %2, 2.0\n%4 = Maximum %3, -1.0\n%5 = LeakyRelu %4 alpha=0.25\n"
             "%6 = Cast %5 to=f16\n%7 = Mul %6, 2.0\n%8 = Cast %7 to=f32\nout0 = %8\n")}
 
 
@@ -1513,6 +1513,36 @@ def test_recomputation_threshold_duplicates_cheap_producers():
                                                "%1 = Add %0, in1\n%2 = Relu %1\nout0 = %2\n"}
     (second,) = [n for n in fused_nodes(again.graph_def) if "AddV2" in n.name]
     assert list(second.input) == ["x", "m"]
+
+
+def test_two_groups_absorbing_one_view_both_stay():
+    """Regression (found by tests/test_random_graphs.py): a view node absorbed by a group and by
+    another that recomputes its consumer was the first member of both, and the splice kept only
+    the last group's kernel: the first one's node (read by MatMul) and its outputs were gone."""
+    g = graph(
+        placeholder("x", F32, (3, 3)),
+        placeholder("b", F32, (1, 3)),
+        node("v", "Squeeze", ["b"]),
+        node("a", "AddV2", ["x", "v"]),
+        node("e", "Exp", ["a"]),
+        node("m", "MatMul", ["e", "e"], _output_shapes=[(3, 3)]),
+        node("d", "AddV2", ["a", "m"]),
+        node("r", "Relu", ["d"]),
+    )
+    g.node[2].attr["squeeze_dims"].list.i.extend([0])
+    flags = types.SimpleNamespace(recomputation_threshold=1)
+    result = rewriter.rewrite(g, preserve=["r", "e"], flags=flags)
+    assert [f.nodes for f in result.fusions] == [("a", "e"), ("d", "r")]
+    out = {n.name: n for n in result.graph_def.node}
+    assert {f.name for f in result.fusions} <= set(out)
+    assert out["e"].op == "Identity" and out["e"].input[0] == result.fusions[0].name
+    assert list(out["m"].input) == [result.fusions[0].name] * 2
+    assert "v" not in out  # read through the view by both kernels
+    values = {"x": _uniform(40, (3, 3)), "b": _uniform(41, (1, 3))}
+    want = _run(g, ["r", "e"], values)
+    got = _run(_expand_fused(result.graph_def), ["r", "e"], values)
+    for w, v in zip(want, got):
+        np.testing.assert_allclose(v, w, rtol=1e-6)
 
 
 @pytest.mark.parametrize("build", [gelu_tanh, softmax])

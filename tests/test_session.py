@@ -226,3 +226,35 @@ def test_same_graph_same_names_and_bits():
     second, executed_b = run(abs_relu_exp(tf.float32), feed_rand(np.float32, seed=3))
     assert fused_kernels(executed_a) == fused_kernels(executed_b)
     assert first.tobytes() == second.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.int32])
+def test_clip_by_value_is_tensorflows_when_lo_exceeds_hi_or_a_bound_is_nan(dtype):
+    """Regression (found by tests/test_random_graphs.py): ClipByValue was lowered as
+    min(max(x, lo), hi), which gives hi where lo > hi and NaN where a bound is NaN. TensorFlow's
+    is max(min(x, hi), lo) of std::min/std::max: lo wins, a NaN bound is ignored."""
+    np_dtype = dtype.as_numpy_dtype
+    nan = np.nan if dtype.is_floating else 0
+    x = np.array([-3, 0, 1, 2, 5, 9, -7, nan, 4, 6], np_dtype)
+    lo = np.array([2, 2, 2, 2, 2, 2, nan, 2, 7, 8], np_dtype)  # lo > hi from index 4 on
+    hi = np.array([4, 4, 4, 4, 1, nan, 1, 4, 3, 3], np_dtype)
+
+    def build():
+        xs = [tf1.placeholder(dtype, [10], name=n) for n in ("x", "lo", "hi")]
+        a = tf.abs(xs[0])
+        # tensor bounds, then scalar immediates with lo > hi
+        y = tf.negative(tf.raw_ops.ClipByValue(t=a, clip_value_min=xs[1], clip_value_max=xs[2]))
+        z = tf.abs(tf.raw_ops.ClipByValue(t=y, clip_value_min=tf.constant(-2, dtype),
+                                          clip_value_max=tf.constant(-5, dtype)))
+        return [y, z], xs
+
+    def feeds(xs):
+        return dict(zip(xs, (x, lo, hi)))
+    fused, executed = run(build, feeds)
+    unfused, _ = run(build, feeds, fuse=False)
+    assert len(fused_kernels(executed)) == 1
+    assert "ClipByValue" not in executed.values()
+    for got, want in zip(fused, unfused):
+        np.testing.assert_array_equal(got, want)  # all exact ops: the same bits
+    want_z = np.array([2] * 7 + [nan if dtype.is_floating else 2] + [2, 2], np_dtype)
+    np.testing.assert_array_equal(unfused[1], want_z)  # lo (-2) wins over hi (-5); NaN stays

@@ -1462,15 +1462,17 @@ void WithCombine(OpCode op, F body) {
 // f64 sums and products carry a compensation term (`comp`, next to the accumulator): Neumaier's
 // for sums, the exact FMA residual for products. Without it an f64 reduction would be no more
 // accurate than TensorFlow's (it has no wider type to accumulate in), and as the order differs,
-// often less.
+// often less. Once the running value is not finite (an infinity or NaN among the terms, or an
+// overflow) the compensation stops: it would be inf - inf = NaN, and turn a sum of +inf into NaN.
+// The result is then the plain one, as TensorFlow's (accumulator + a finite compensation).
 inline void CompensatedAdd(double& s, double& c, double x) {
   const double t = s + x;
-  c += std::abs(s) >= std::abs(x) ? (s - t) + x : (x - t) + s;
+  if (std::isfinite(t)) c += std::abs(s) >= std::abs(x) ? (s - t) + x : (x - t) + s;
   s = t;
 }
 inline void CompensatedMul(double& p, double& e, double x) {
   const double q = p * x;
-  e = std::fma(e, x, std::fma(p, x, -q));
+  if (std::isfinite(q)) e = std::fma(e, x, std::fma(p, x, -q));
   p = q;
 }
 
@@ -1788,7 +1790,7 @@ void FinalizeCompensated(OpCode op, const double* acc, const double* comp, doubl
       } else {
         // (a + c) * (p + e) ~ a*p + (c*p + a*e): the product of the two error terms is dropped
         const double q = a * acc[l];
-        c = std::fma(a, acc[l], -q) + c * acc[l] + a * comp[l];
+        if (std::isfinite(q)) c = std::fma(a, acc[l], -q) + c * acc[l] + a * comp[l];
         a = q;
       }
     }

@@ -107,11 +107,28 @@ def _reduction(fn):
     return reduce
 
 
+def _extremum(fn, largest: bool):
+    """Max / Min; an empty reduction gives the identity, as in TensorFlow (Max: -inf, INT_MIN)."""
+
+    def reduce(x, axes):
+        if np.issubdtype(x.dtype, np.integer):
+            info = np.iinfo(x.dtype)
+            initial = info.min if largest else info.max
+        else:
+            initial = -np.inf if largest else np.inf
+        return fn(x, axis=tuple(axes), keepdims=True, initial=initial)
+
+    return reduce
+
+
 def _mean(x, axes):
     if np.issubdtype(x.dtype, np.integer):
+        # TensorFlow sums int32 in int64 (no wrap) and divides with truncation; nothing -> 0
         count = int(np.prod([x.shape[a] for a in axes]))
-        total = np.sum(x.astype(np.int64), axis=tuple(axes), keepdims=True).astype(x.dtype)
-        return np.fix(total / count).astype(x.dtype)
+        total = np.sum(x.astype(np.int64), axis=tuple(axes), keepdims=True)
+        if count == 0:
+            return np.zeros_like(total).astype(x.dtype)
+        return (np.sign(total) * (np.abs(total) // count)).astype(x.dtype)
     return np.mean(x, axis=tuple(axes), keepdims=True)
 
 
@@ -185,8 +202,10 @@ OPS: tuple[OpSpec, ...] = (
     _spec(("SelectV2", "Select"), "Select", 3, FLOAT_I32, np.where, roles=("bool", "data", "data")),
     _spec("Sum", "Sum", 1, FLOAT_I32, _reduction(np.sum), kind=REDUCE, attrs=frozenset({"axes"})),
     _spec("Mean", "Mean", 1, FLOAT_I32, _mean, kind=REDUCE, attrs=frozenset({"axes"})),
-    _spec("Max", "Max", 1, FLOAT_I32, _reduction(np.max), kind=REDUCE, attrs=frozenset({"axes"})),
-    _spec("Min", "Min", 1, FLOAT_I32, _reduction(np.min), kind=REDUCE, attrs=frozenset({"axes"})),
+    _spec("Max", "Max", 1, FLOAT_I32, _extremum(np.max, True), kind=REDUCE,
+          attrs=frozenset({"axes"})),
+    _spec("Min", "Min", 1, FLOAT_I32, _extremum(np.min, False), kind=REDUCE,
+          attrs=frozenset({"axes"})),
     _spec("Prod", "Prod", 1, FLOAT_I32, _reduction(np.prod), kind=REDUCE,
           attrs=frozenset({"axes"})),
 )
@@ -339,8 +358,20 @@ def _is_immediate(operand) -> bool:
 
 
 def _emit_clip(em, node, operands, axes):
+    # TensorFlow's ClipByValue is max(min(x, hi), lo) of std::min / std::max: lo wins where
+    # lo > hi, and a NaN bound is ignored (a NaN x stays NaN). Minimum and Maximum (NaN if either
+    # operand is) say the same for int32 and for an immediate (finite) bound; a tensor bound,
+    # which may hold NaN, takes std::min's own comparison: min(v, hi) = hi < v ? hi : v.
     x, low, high = operands
-    return em("Minimum", [em("Maximum", [x, low]), high])
+    exact = node.attr["T"].type == types_pb2.DT_INT32 if "T" in node.attr else False
+
+    def clamp(value, bound, ir_op, bound_wins):
+        if exact or _is_immediate(bound):
+            return em(ir_op, [value, bound])
+        return em("Select", [em("Less", bound_wins(value, bound)), bound, value])
+
+    upper = clamp(x, high, "Minimum", lambda v, b: [b, v])
+    return clamp(upper, low, "Maximum", lambda v, b: [v, b])
 
 
 def _check_bias_add(node):
@@ -415,8 +446,8 @@ def _build_tf_ops() -> dict:
                          result_dtype=lambda node: node.attr["DstT"].type)
     table["LeakyRelu"] = TfOp("LeakyRelu", ELEMENTWISE, FLOAT, ("LeakyRelu",), _emit_leaky)
     table["AddN"] = TfOp("AddN", BROADCAST, FLOAT_I32, ("Add",), _emit_addn, n_data=None)
-    table["ClipByValue"] = TfOp("ClipByValue", BROADCAST, FLOAT_I32, ("Maximum", "Minimum"),
-                                _emit_clip, n_data=3)
+    table["ClipByValue"] = TfOp("ClipByValue", BROADCAST, FLOAT_I32,
+                                ("Maximum", "Minimum", "Less", "Select"), _emit_clip, n_data=3)
     table["BiasAdd"] = TfOp("BiasAdd", BROADCAST, FLOAT_I32, ("Add",), _emit_plain("Add"),
                             n_data=2, check=_check_bias_add, operand_shapes=_bias_shapes)
     for op_type in ("Sum", "Mean", "Max", "Min", "Prod"):

@@ -108,15 +108,17 @@ def _dead_consts(view: GraphView, plans: list[Planned], remap: "_Remap", preserv
 def splice(view: GraphView, plans: list[Planned], preserve=frozenset()) -> graph_pb2.GraphDef:
     remap = _Remap(plans)
     dead = _dead_consts(view, plans, remap, preserve)
-    first_member = {}  # the member whose place the fused node takes
+    # the member whose place the fused node takes; several groups may share it (a view node
+    # absorbed by a group and by another that recomputes its consumer)
+    first_member: dict[str, list] = {}
     for plan in plans:
-        first_member[min(plan.members + plan.lowered.absorbed, key=view.index)] = plan
+        first = min(plan.members + plan.lowered.absorbed, key=view.index)
+        first_member.setdefault(first, []).append(plan)
     out = graph_pb2.GraphDef()
     out.CopyFrom(view.graph_def)
     del out.node[:]
     for node in view.nodes:
-        plan = first_member.get(node.name)
-        if plan is not None:
+        for plan in first_member.get(node.name, ()):
             out.node.append(_fused_node(plan, remap))
             for member in plan.members:
                 if member in plan.keep_names:
