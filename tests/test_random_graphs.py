@@ -50,7 +50,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import tf_autofuse
-from tf_autofuse import rewriter
+from tf_autofuse import _warn, rewriter
 from tf_autofuse.rewriter import catalog
 
 tf1 = tf.compat.v1
@@ -1282,8 +1282,13 @@ def check_spec(spec: GraphSpec) -> Outcome:
     # the reduction is empty (-max(sigmoid(x)) of an empty x is -0.0 instead of +inf).
     arithmetic = not spec.fed and not _empty_extremum(spec)
     unfused, _ = run_session(graph, fetches, feeds, fuse=False, arithmetic=arithmetic)
-    fused, executed = run_session(graph, fetches, feeds, fuse=True, arithmetic=arithmetic,
-                                  params=spec.params)
+    _warn.reset()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", _warn.AutofuseWarning)
+        fused, executed = run_session(graph, fetches, feeds, fuse=True, arithmetic=arithmetic,
+                                      params=spec.params)
+    said = [str(w.message) for w in said if issubclass(w.category, _warn.AutofuseWarning)]
+    assert not said, spec.describe() + "\n" + "\n".join(said)  # the pass failed: unfused
     # nodes TensorFlow computed in the fused run: still there under their name, as their own
     # op or a folded Const (a fused member is gone, or an Identity of its kernel)
     tf_nodes = {v for v in spec.node_indices()
