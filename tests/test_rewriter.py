@@ -1515,6 +1515,37 @@ def test_recomputation_threshold_duplicates_cheap_producers():
     assert list(second.input) == ["x", "m"]
 
 
+def test_recomputed_copy_reading_a_value_recomputed_elsewhere_keeps_its_output():
+    """Regression (found by tests/test_random_graphs.py): g2 recomputes m for c, g3 recomputes
+    c for e but reads m from g1. `served[m] = {c}` made g1 drop its output m, and g3's kernel
+    read the removed node m."""
+    g = graph(
+        placeholder("x", F32, (3, 3)),
+        node("m", "Abs", ["x"]),
+        node("n", "Exp", ["m"]),
+        node("M1", "MatMul", ["n", "n"], _output_shapes=[(3, 3)]),
+        node("c", "AddV2", ["m", "M1"]),
+        node("d", "Relu", ["c"]),
+        node("M2", "MatMul", ["d", "d"], _output_shapes=[(3, 3)]),
+        node("e", "AddV2", ["c", "M2"]),
+        node("f", "Sigmoid", ["e"]),
+    )
+    result = rewriter.rewrite(g, preserve=["f"],
+                              flags=types.SimpleNamespace(recomputation_threshold=1))
+    assert [f.nodes for f in result.fusions] == [("m", "n"), ("c", "d"), ("e", "f")]
+    names = {n.name for n in result.graph_def.node}
+    for n in result.graph_def.node:
+        for text in n.input:
+            assert text.lstrip("^").split(":")[0] in names, (n.name, text)
+    first, _, third = result.fusions
+    assert first.program.count("out") == 2  # n for M1, and m for the third kernel
+    (kernel,) = [n for n in fused_nodes(result.graph_def) if n.name == third.name]
+    assert kernel.input[0] == first.name  # m, out0 of the first kernel
+    values = {"x": _uniform(42, (3, 3))}
+    np.testing.assert_allclose(_run(_expand_fused(result.graph_def), ["f"], values)[0],
+                               _run(g, ["f"], values)[0], rtol=1e-6)
+
+
 def test_two_groups_absorbing_one_view_both_stay():
     """Regression (found by tests/test_random_graphs.py): a view node absorbed by a group and by
     another that recomputes its consumer was the first member of both, and the splice kept only

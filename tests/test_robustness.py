@@ -143,41 +143,112 @@ _EDGY = {"Log", "Log1p", "Sqrt", "Rsqrt", "Reciprocal", "Div", "Floor", "Ceil", 
 
 
 # ---------------------------------------------------------------------------------------------
-# Determinism at the session level: 20 runs, and intra-op threads 1 vs 2 (fresh processes)
+# Determinism at the session level: 20 runs, and intra-op threads 1 vs 2 (fresh processes), for
+# pointwise kernels and for reductions in each of the kernel's modes (rows reduced in lanes, short
+# rows grouped, inner chunks, short inner blocks grouped), large enough that the kernel spreads
+# its work items over the intra-op threads -- which the 2-thread child checks: the CPU time of
+# the 20 runs of each graph is spread over at least two threads.
 
 _DETERMINISM_CHILD = r"""
-import hashlib, json, sys
+import hashlib, json, os, sys
 import numpy as np
 import tensorflow as tf
 import tf_autofuse
 from tensorflow.core.protobuf import rewriter_config_pb2
 tf1 = tf.compat.v1
 threads = int(sys.argv[1])
+
+
+def cpu_ns():
+    # CPU time of each thread but the main one (which only feeds and fetches), in ns
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[tid] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[tid] = (int(fields[11]) + int(fields[12])) * 10_000_000
+    return out
+
+
+def pointwise(dtype, rng):
+    x = tf1.placeholder(dtype, [None], name="x")
+    y = tf1.placeholder(dtype, [None], name="y")
+    a = tf.tanh(x) * y
+    b = tf.exp(-tf.abs(a)) + tf.sigmoid(a)
+    c = tf.math.softplus(b) - tf.math.erf(a)
+    feeds = {x: rng.normal(0, 3, 262_147), y: rng.normal(0, 3, 262_147)}
+    return [b, c, tf.sqrt(tf.abs(c)) * a], feeds
+
+
+def softmax_rows(dtype, rng):  # rows longer than a tile: lanes
+    x = tf1.placeholder(dtype, [256, 2053], name="x")
+    e = tf.exp(x - tf.reduce_max(x, axis=-1, keepdims=True))
+    return [e / tf.reduce_sum(e, axis=-1, keepdims=True)], {x: rng.normal(0, 3, (256, 2053))}
+
+
+def layernorm_short_rows(dtype, rng):  # rows of 48: several whole rows per tile
+    x = tf1.placeholder(dtype, [20_000, 48], name="x")
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    var = tf.reduce_mean(tf.square(x - mean), axis=-1, keepdims=True)
+    y = (x - mean) * tf.math.rsqrt(var + 1e-3)
+    return [y, tf.reduce_max(tf.abs(x), axis=-1)], {x: rng.normal(1, 3, (20_000, 48))}
+
+
+def inner_chunks(dtype, rng):  # reduce the middle axis, inner blocks of 1031
+    x = tf1.placeholder(dtype, [8, 128, 1031], name="x")
+    e = tf.exp(x)
+    total = tf.reduce_sum(e, axis=1, keepdims=True)
+    return [e / total, tf.reduce_mean(e, axis=1), tf.reduce_min(e, axis=1)], \
+        {x: rng.normal(0, 2, (8, 128, 1031))}
+
+
+def short_inner_blocks(dtype, rng):  # inner blocks of 60: several per tile
+    x = tf1.placeholder(dtype, [64, 300, 60], name="x")
+    v = tf.abs(x) + 0.5
+    return [tf.reduce_prod(v, axis=1), tf.reduce_sum(v, axis=1) * tf.reduce_max(v, axis=1)], \
+        {x: rng.uniform(0.49, 0.51, (64, 300, 60))}
+
+
+CASES = [(pointwise, (tf.float32, tf.float16, tf.bfloat16), False)] + [
+    (build, (tf.float32, tf.float16, tf.bfloat16, tf.float64), True)
+    for build in (softmax_rows, layernorm_short_rows, inner_chunks, short_inner_blocks)]
+
 out = {}
-for dtype in (tf.float32, tf.float16, tf.bfloat16):
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf1.placeholder(dtype, [None], name="x")
-        y = tf1.placeholder(dtype, [None], name="y")
-        a = tf.tanh(x) * y
-        b = tf.exp(-tf.abs(a)) + tf.sigmoid(a)
-        c = tf.math.softplus(b) - tf.math.erf(a)
-        fetches = [b, c, tf.sqrt(tf.abs(c)) * a]
-    cfg = tf1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=1)
-    cfg.graph_options.rewrite_options.use_plugin_optimizers = rewriter_config_pb2.RewriterConfig.OFF
-    cfg.graph_options.rewrite_options.custom_optimizers.add().name = "AutofuseOptimizer"
-    rng = np.random.default_rng(11)
-    feeds = {x: rng.normal(0, 3, 262_147).astype(dtype.as_numpy_dtype),
-             y: rng.normal(0, 3, 262_147).astype(dtype.as_numpy_dtype)}
-    digests = set()
-    with tf1.Session(graph=graph, config=cfg) as sess:
-        md = tf1.RunMetadata()
-        sess.run(fetches, feeds, options=tf1.RunOptions(output_partition_graphs=True), run_metadata=md)
-        kernels = sorted(n.name for p in md.partition_graphs for n in p.node if n.op == "AutofuseKernel")
-        for _ in range(20):
-            values = sess.run(fetches, feeds)
-            digests.add(hashlib.sha256(b"".join(v.tobytes() for v in values)).hexdigest())
-    out[dtype.name] = {"digests": sorted(digests), "kernels": kernels}
+for build, dtypes, reduce in CASES:
+    for dtype in dtypes:
+        graph = tf.Graph()
+        with graph.as_default():
+            fetches, feeds = build(dtype, np.random.default_rng(11))
+        feeds = {k: v.astype(dtype.as_numpy_dtype) for k, v in feeds.items()}
+        cfg = tf1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=1)
+        rewrite = cfg.graph_options.rewrite_options
+        rewrite.use_plugin_optimizers = rewriter_config_pb2.RewriterConfig.OFF
+        custom = rewrite.custom_optimizers.add()
+        custom.name = "AutofuseOptimizer"
+        if reduce:
+            custom.parameter_map["autofuse_enable_pass"].s = b"reduce"
+        digests = set()
+        with tf1.Session(graph=graph, config=cfg) as sess:
+            md = tf1.RunMetadata()
+            sess.run(fetches, feeds, options=tf1.RunOptions(output_partition_graphs=True),
+                     run_metadata=md)
+            executed = [(n.name, n.op) for p in md.partition_graphs for n in p.node]
+            before = cpu_ns()
+            for _ in range(20):
+                values = sess.run(fetches, feeds)
+                digests.add(hashlib.sha256(b"".join(v.tobytes() for v in values)).hexdigest())
+            after = cpu_ns()
+        spent = sorted((t - before.get(tid, 0) for tid, t in after.items()), reverse=True)
+        out[f"{build.__name__}/{dtype.name}"] = {
+            "digests": sorted(digests),
+            "kernels": sorted(name for name, op in executed if op == "AutofuseKernel"),
+            "ops": sorted({op for _, op in executed}),
+            "cpu_ns": spent[:4]}
 print(json.dumps(out))
 """
 
@@ -189,15 +260,26 @@ def test_fused_session_bit_identical_over_20_runs_and_thread_counts(tmp_path):
                    PYTHONPATH=str(ROOT))
         env.pop("AUTOFUSE_FLAGS", None)
         proc = subprocess.run([sys.executable, "-c", _DETERMINISM_CHILD, str(threads)], env=env,
-                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                              capture_output=True, text=True, timeout=900, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     one, two = results
-    for dtype, got in one.items():
-        assert got["kernels"], f"{dtype}: nothing fused"
-        assert got["kernels"] == two[dtype]["kernels"]
-        assert len(got["digests"]) == 1, f"{dtype}: 20 runs gave {len(got['digests'])} results"
-        assert got["digests"] == two[dtype]["digests"], f"{dtype}: 1 thread vs 2 threads differ"
+    print(json.dumps({case: got["cpu_ns"] for case, got in two.items()}))
+    assert len(one) == 3 + 4 * 4
+    for case, got in one.items():
+        assert got["kernels"], f"{case}: nothing fused"
+        assert got["kernels"] == two[case]["kernels"]
+        assert len(got["digests"]) == 1, f"{case}: 20 runs gave {len(got['digests'])} results"
+        assert got["digests"] == two[case]["digests"], f"{case}: 1 thread vs 2 threads differ"
+        if case.startswith("pointwise"):
+            continue
+        # the reductions are fused: one kernel, no TF reduction op left
+        assert all(k.startswith("autofuse_reduce_") for k in got["kernels"]), got["kernels"]
+        assert not {"Sum", "Mean", "Max", "Min", "Prod", "Softmax"} & set(got["ops"]), got["ops"]
+        # and with 2 threads the kernel split its work: two threads each took a good share of
+        # the CPU time (one thread would take it all if the items ran on the caller's thread)
+        spent = two[case]["cpu_ns"]
+        assert len(spent) >= 2 and spent[1] >= 0.1 * sum(spent), (case, spent)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -329,7 +329,7 @@ def plan_recomputation(view: GraphView, groups: list, policy: Policy,
                 for copy in copies:
                     readers = {c for c, _, _ in view.data_consumers(copy) if c in members}
                     served.setdefault(copy, set()).update(readers)
-    for group in groups:  # outputs no longer needed by the groups that recompute them
+    def relower(group):
         try:
             group.lowered = build(view, sorted(set(group.members) | set(group.private),
                                                key=view.position.get),
@@ -337,4 +337,18 @@ def plan_recomputation(view: GraphView, groups: list, policy: Policy,
                                   feeds=policy.feeds)
         except Unfusible:
             pass  # keeps its earlier lowering (with the outputs)
+
+    for group in groups:  # outputs no longer needed by the groups that recompute them
+        relower(group)
+    # `served` is per consumer node, but a copy recomputed in one group may read, from outside,
+    # a value that another copy of the same consumer recomputes: a group recomputing c (but not
+    # the m that c reads, which c's own group recomputes) reads m from m's group, which must
+    # then still output m. A group's inputs do not depend on `served`, so one pass settles it.
+    read = {tensor[0] for group in groups for tensor in group.lowered.inputs}
+    needed = read & served.keys()
+    for name in needed:
+        del served[name]
+    for group in groups:
+        if needed & set(group.members):
+            relower(group)
     return served

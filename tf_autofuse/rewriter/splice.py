@@ -132,4 +132,17 @@ def splice(view: GraphView, plans: list[Planned], preserve=frozenset()) -> graph
             del copy.input[:]
             copy.input.extend(new_inputs)
         remap.colocation(copy)
+    _check_inputs(out)
     return out
+
+
+def _check_inputs(graph_def: graph_pb2.GraphDef) -> None:
+    """Raise if a node reads a node that is not in the graph (a bug of the pass: TensorFlow
+    would log it and silently run the graph unoptimized; the bridge warns instead)."""
+    names = {node.name for node in graph_def.node}
+    for node in graph_def.node:
+        for text in node.input:
+            name = parse_input(text)[0]
+            if name not in names:
+                raise RuntimeError(f"the rewritten graph is broken: {node.name} reads {text}, "
+                                   "which is not in it")
