@@ -155,10 +155,11 @@ def find_groups(
     refusals: list[Refusal] = []
     merge_refusals: list[tuple] = []  # (index in refusals, producer)
     group_of: dict[str, Group] = {}
-    # Nodes that do not lower on their own, only for their shapes: an operand read from outside
-    # has sizes the rewriter cannot tie to the other operand's (x - max(x) of a [?,C] input:
-    # two unknown sizes). With the producer in the same group they are the same symbol, so
-    # such a node stays a candidate and fuses if a merge lowers; alone, this is its refusal.
+    # Nodes that do not lower on their own for their operands: one read from outside has sizes
+    # the rewriter cannot tie to the other operand's (x - max(x) of a [?,C] input: two unknown
+    # sizes), or they are more inputs than max_input_nums_after_fuse. With the producer in the
+    # same group the sizes are one symbol and the inputs fewer, so such a node stays a
+    # candidate and fuses if a merge lowers; alone, this is its refusal.
     alone: dict[str, str] = {}
     candidate_types = catalog.candidate_op_types()
     for name in view.order:
@@ -177,7 +178,9 @@ def find_groups(
                 if alone[name].startswith(f"{name}: "):
                     alone[name] = alone[name][len(name) + 2:]
         if reason is None and lowered is not None and len(lowered.inputs) > policy.max_inputs:
-            reason = _too_many(len(lowered.inputs), policy)
+            # with a producer in the group, its inputs may be fewer: x + f(x) reads x once
+            alone[name] = _too_many(len(lowered.inputs), policy)
+            lowered = None
         if reason is not None:
             refusals.append(Refusal(name, reason))
             continue
