@@ -2,7 +2,7 @@
 # Build the kernel library with AddressSanitizer + UndefinedBehaviorSanitizer and run the kernel
 # tests and an odd-shape fuzz against it. Fails on any sanitizer report.
 #
-#   bash scripts/sanitize.sh            # kernel tests + odd-shape fuzz + 60 random graphs
+#   bash scripts/sanitize.sh            # kernel tests + odd-shape fuzz + 60 + 60 random graphs
 #   FUZZ_GRAPHS=300 bash scripts/sanitize.sh
 #
 # The instrumented library is cached apart from the normal one (TF_AUTOFUSE_SANITIZE=1 changes
@@ -40,8 +40,9 @@ run python -c "from tf_autofuse import _build; print(_build.library_path())"
 status=0
 run python -m pytest -q -p no:cacheprovider tests/test_kernel.py || status=$?
 run python -m pytest -q -p no:cacheprovider tests/test_robustness.py -k odd_shape || status=$?
-TF_AUTOFUSE_FUZZ_EXAMPLES=$FUZZ_GRAPHS run python -m pytest -q -p no:cacheprovider \
-  tests/test_random_graphs.py -k "match_unfused or broadcast" || status=$?
+TF_AUTOFUSE_FUZZ_EXAMPLES=$FUZZ_GRAPHS TF_AUTOFUSE_FUZZ_REDUCE_EXAMPLES=$FUZZ_GRAPHS \
+  run python -m pytest -q -p no:cacheprovider tests/test_random_graphs.py \
+  -k "match_unfused or reductions or broadcast" || status=$?
 
 reports=$(ls "$LOG_DIR" 2>/dev/null | wc -l)
 if (( reports > 0 )); then

@@ -213,6 +213,30 @@ def test_softmax_is_one_reduce_kernel():
             ["autofuse_reduce_0_Max_Sub_Exp_Sum_RealDiv"], gone={"Max", "Sum", "Exp"}, **REDUCE)
 
 
+def test_softmax_and_layer_norm_of_an_unknown_batch_are_one_kernel_each():
+    """Regression: with the batch size unknown (placeholder [None, C], the usual case), x - max(x)
+    was refused on its own ("shapes [?,C] and [?,1] not known to broadcast": the max, read from
+    outside, had a size of its own) and so never joined the max's group; nothing was fused."""
+    def build():
+        x = tf1.placeholder(tf.float32, [None, 100], name="x")
+        e = tf.exp(x - tf.reduce_max(x, axis=1, keepdims=True))
+        softmax = tf.identity(e / tf.reduce_sum(e, axis=1, keepdims=True), name="softmax")
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        norm = tf.identity((x - mean) * tf.math.rsqrt(variance + 1e-3), name="norm")
+        return [softmax, norm], {"x": x}
+    x = uniform(5, (64, 100), low=-10, high=10)
+    e = np.exp(f64(x) - f64(x).max(axis=1, keepdims=True))
+    mean = f64(x).mean(axis=1, keepdims=True)
+    variance = ((f64(x) - mean) ** 2).mean(axis=1, keepdims=True)
+    executed = compare(build, {"x": x}, [e / e.sum(axis=1, keepdims=True),
+                                         (f64(x) - mean) / np.sqrt(variance + 1e-3)],
+                       np.float32, 1e-5, ["autofuse_reduce_0_Mean_Sub_SquaredDifference_Mean_"
+                                          "AddV2_Rsqrt_Mul",
+                                          "autofuse_reduce_1_Max_Sub_Exp_Sum_RealDiv"],
+                       gone={"Max", "Sum", "Mean", "Exp", "Rsqrt"}, **REDUCE)
+    assert executed["softmax"] == executed["norm"] == "Identity"
+
+
 def test_reduce_pass_off_leaves_sum_as_its_own_kernel():
     def build():
         x = tf1.placeholder(tf.float32, [8, 32], name="x")

@@ -1312,7 +1312,7 @@ def check_spec(spec: GraphSpec) -> Outcome:
 # The tests
 
 CI_EXAMPLES = int(os.environ.get("TF_AUTOFUSE_FUZZ_EXAMPLES", "400"))
-CI_REDUCE_EXAMPLES = int(os.environ.get("TF_AUTOFUSE_FUZZ_REDUCE_EXAMPLES", "150"))
+CI_REDUCE_EXAMPLES = int(os.environ.get("TF_AUTOFUSE_FUZZ_REDUCE_EXAMPLES", "300"))
 
 
 def _catalog_ops_drawn(specs) -> tuple:
@@ -1369,8 +1369,12 @@ def _run_hypothesis(features: Features, examples: int) -> list:
                          suppress_health_check=list(hypothesis.HealthCheck))
     @hypothesis.given(st.data())
     def prop(data):
-        stats.append(check_spec(generate(HypothesisChooser(data), features)))
+        spec = generate(HypothesisChooser(data), features)
+        outcome = check_spec(spec)
+        stats.append(outcome)
+        worst.append((outcome.unstable / max(outcome.elements, 1), spec.describe()))
 
+    worst = []
     prop()
     fused = sum(1 for s in stats if s.fused_kernels)
     elements = sum(s.elements for s in stats)
@@ -1379,7 +1383,9 @@ def _run_hypothesis(features: Features, examples: int) -> list:
           f"({sum(1 for s in stats if s.reduce_kernels)} with reductions), {elements} elements "
           f"compared, {unstable} unstable")
     assert fused >= len(stats) // 4, "too few graphs fused: the test is not exercising fusion"
-    assert unstable <= elements // 10
+    # most of each graph is compared (a total would be one 100k-element graph's say)
+    mean = sum(fraction for fraction, _ in worst) / max(len(worst), 1)
+    assert mean <= 0.1, (mean, max(worst))
     return stats
 
 

@@ -1546,6 +1546,45 @@ def test_recomputed_copy_reading_a_value_recomputed_elsewhere_keeps_its_output()
                                _run(g, ["f"], values)[0], rtol=1e-6)
 
 
+def test_view_read_as_it_is_by_another_kernel_stays():
+    """Regression (found by tests/test_random_graphs.py): the second kernel recomputes s and r
+    reading b through the view; the first (whose output nobody needs any more, so it keeps its
+    plain lowering) reads the view node v itself, which the splice removed all the same."""
+    g = graph(
+        placeholder("x", F32, (3,)),
+        placeholder("b", F32, (3,)),
+        const("axis", np.int32(0), tf.int32),
+        node("v", "ExpandDims", ["b", "axis"]),
+        node("s", "SquaredDifference", ["x", "v"]),
+        node("r", "Reciprocal", ["s"]),
+        node("a", "AddN", ["r", "r"]),
+        node("c", "Exp", ["a"]),
+    )
+    g.node[6].attr["N"].i = 2
+    flags = types.SimpleNamespace(max_fusion_size=2, recomputation_threshold=3)
+    result = rewriter.rewrite(g, preserve=["c"], flags=flags)
+    first, second = result.fusions
+    assert (first.nodes, second.nodes) == (("s", "r"), ("a", "c"))
+    assert "in1: f32[3] -> [1,3]" in second.program  # b through the view
+    out = {n.name: n for n in result.graph_def.node}
+    assert list(out[first.name].input) == ["x", "v"] and out["v"].op == "ExpandDims"
+    values = {"x": _uniform(43, (3,)), "b": _uniform(44, (3,))}
+    np.testing.assert_allclose(_run(_expand_fused(result.graph_def), ["c"], values)[0],
+                               _run(g, ["c"], values)[0], rtol=1e-6)
+
+
+def test_node_with_too_many_inputs_alone_fuses_with_its_producer():
+    """x + (x + x) reads x twice on its own, once with its producer: with
+    max_input_nums_after_fuse=1 the two fuse in the first pass (the second pass, which sees the
+    rest of the graph without shapes, fused them instead: not idempotent)."""
+    g = graph(placeholder("x", F32, (4, 3)), node("b", "AddV2", ["x", "x"]),
+              node("c", "AddV2", ["x", "b"]), node("y", "Exp", ["c"]))
+    flags = types.SimpleNamespace(max_input_nums_after_fuse=1, max_fusion_size=2)
+    result = rewriter.rewrite(g, preserve=["y"], flags=flags)
+    assert [f.nodes for f in result.fusions] == [("b", "c")]
+    assert not rewriter.rewrite(result.graph_def, preserve=["y"], flags=flags).fusions
+
+
 def test_two_groups_absorbing_one_view_both_stay():
     """Regression (found by tests/test_random_graphs.py): a view node absorbed by a group and by
     another that recomputes its consumer was the first member of both, and the splice kept only

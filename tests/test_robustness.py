@@ -139,7 +139,8 @@ def test_odd_shape_programs_match_tensorflow(ops, case, dtype, shape, seed):
 
 
 _FEATURES = {"Relu", "Relu6", "Elu", "Selu", "Softplus", "Softsign"}
-_EDGY = {"Log", "Log1p", "Sqrt", "Rsqrt", "Reciprocal", "Div", "Floor", "Ceil", "Round", "Sign"}
+_EDGY = {"Log", "Log1p", "Sqrt", "Rsqrt", "Reciprocal", "Div", "Floor", "Ceil", "Round", "Sign",
+         "Tan"}
 
 
 # ---------------------------------------------------------------------------------------------

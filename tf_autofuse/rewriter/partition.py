@@ -3,8 +3,11 @@
 A node is a candidate when the catalog supports its op for its dtype (a
 `_UnaryOpsComposition` when it supports every op of `op_names`), the pass of its kind is on
 (reductions need `--autofuse_enable_pass=reduce`), it sits on a CPU, the caller does not feed
-it, it is not inside `disable_autofuse()` nor listed in `--skip_node_names_cfg`, and on its own
-it lowers to a valid program (lower.build: shapes that provably broadcast, Const axes, ...).
+it, and it is not inside `disable_autofuse()` nor listed in `--skip_node_names_cfg`. Whether it
+lowers to a valid program (lower.build: shapes that provably broadcast, Const axes, ...) is
+checked on its own and then for every merge: a node that does not lower alone (x - max(x) of an
+input of unknown batch size: the max, read from outside, has sizes of its own) may lower with
+its producer in the group, and only a group that lowers is fused.
 
 Groups grow greedily in topological order: each candidate starts a group of its own, then
 takes in the group of each of its data producers, one at a time, unless the two differ in
@@ -159,6 +162,12 @@ def find_groups(
     refusals: list[Refusal] = []
     merge_refusals: list[tuple] = []  # (index in refusals, producer)
     group_of: dict[str, Group] = {}
+    # Nodes that do not lower on their own for their operands: one read from outside has sizes
+    # the rewriter cannot tie to the other operand's (x - max(x) of a [?,C] input: two unknown
+    # sizes), or they are more inputs than max_input_nums_after_fuse. With the producer in the
+    # same group the sizes are one symbol and the inputs fewer, so such a node stays a
+    # candidate and fuses if a merge lowers; alone, this is its refusal.
+    alone: dict[str, str] = {}
     candidate_types = catalog.candidate_op_types()
     excluded = dict(policy.excluded)
     for name in view.order:
@@ -177,11 +186,13 @@ def find_groups(
             try:
                 lowered = build(view, [name], policy.preserve, feeds=policy.feeds)
             except Unfusible as err:
-                reason = str(err)
-                if reason.startswith(f"{name}: "):
-                    reason = reason[len(name) + 2:]
-        if reason is None and len(lowered.inputs) > policy.max_inputs:
-            reason = _too_many(len(lowered.inputs), policy)
+                alone[name] = str(err)
+                if alone[name].startswith(f"{name}: "):
+                    alone[name] = alone[name][len(name) + 2:]
+        if reason is None and lowered is not None and len(lowered.inputs) > policy.max_inputs:
+            # with a producer in the group, its inputs may be fewer: x + f(x) reads x once
+            alone[name] = _too_many(len(lowered.inputs), policy)
+            lowered = None
         if reason is not None:
             refusals.append(Refusal(name, reason))
             continue
@@ -213,8 +224,10 @@ def find_groups(
     refused = {r.node for r in refusals}
     for group in dict((id(g), g) for g in group_of.values()).values():
         group.members.sort(key=view.position.get)
-        if group.size >= 2:
+        if group.size >= 2 and group.lowered is not None:
             groups.append(group)
+        elif len(group.members) == 1 and group.members[0] in alone:
+            refusals.append(Refusal(group.members[0], alone[group.members[0]]))
         elif group.members[0] not in refused:
             refusals.append(Refusal(group.members[0], "no fusible neighbour"))
     groups.sort(key=lambda g: view.position[g.members[0]])

@@ -35,13 +35,17 @@ class _Remap:
     def __init__(self, plans: list[Planned]):
         self.output: dict[str, Tensor] = {}  # member -> (fused node, output index)
         self.control: dict[str, str] = {}  # member -> node to wait for
+        # a view node one kernel reads through may still be read as it is by another (one that
+        # recomputes its consumer without the view, or fell back to its plain lowering): it stays
+        read = {tensor[0] for plan in plans for tensor in plan.lowered.inputs}
         for plan in plans:
             for k, member in enumerate(plan.lowered.outputs):
                 self.output[member] = (plan.name, k)
             for member in plan.members:
                 self.control[member] = member if member in plan.keep_names else plan.name
             for absorbed in plan.lowered.absorbed:  # view nodes only the fused node read
-                self.control[absorbed] = plan.name
+                if absorbed not in read:
+                    self.control[absorbed] = plan.name
 
     def touches(self, node: node_def_pb2.NodeDef) -> bool:
         return any(parse_input(text)[0] in self.control for text in node.input)
