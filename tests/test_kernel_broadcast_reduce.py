@@ -769,8 +769,38 @@ def benchmark():
               flush=True)
 
 
+def benchmark_hoisting():
+    """Keras' inference BatchNormalization + Relu as one kernel, its [C] invariants hoisted (the
+    parameters declared [C]) or not (declared [?]: an unknown shape is never hoisted); the two
+    alternate over three rounds so that both see the same machine."""
+    from test_kernel import _median_ms
+
+    ops = _load_module()
+    rng = np.random.default_rng(0)
+    for shape in [(8, 56, 56, 256), (1, 112, 112, 64)]:
+        c = shape[-1]
+        args = [tf.constant(rng.normal(size=shape).astype(np.float32))] + [
+            tf.constant(rng.uniform(0.5, 2.0, size=(c,)).astype(np.float32)) for _ in range(4)]
+
+        def program(size):
+            small = f"f32[{size}] -> [1,1,1,{size}]"
+            return (f"in0: {_decl('f32', shape)}\nin1: {small}\nin2: {small}\nin3: {small}\n"
+                    f"in4: {small}\n%0 = Add in1, 0.001\n%1 = Rsqrt %0\n%2 = Mul %1, in2\n"
+                    "%3 = Mul in0, %2\n%4 = Mul in3, %2\n%5 = Sub in4, %4\n%6 = Add %3, %5\n"
+                    "%7 = Relu %6\nout0 = %7")
+
+        hoisted = tf.function(lambda *a, p=program(c): run_fused(ops, p, a, [tf.float32])[0])
+        plain = tf.function(lambda *a, p=program("?"): run_fused(ops, p, a, [tf.float32])[0])
+        np.testing.assert_array_equal(hoisted(*args).numpy(), plain(*args).numpy())
+        for _ in range(3):
+            print(f"batchnorm+relu {list(shape)}: hoisted "
+                  f"{_median_ms(lambda: hoisted(*args), reps=30):.2f} ms, not hoisted "
+                  f"{_median_ms(lambda: plain(*args), reps=30):.2f} ms", flush=True)
+
+
 if __name__ == "__main__":
     if "--bench" in sys.argv:
+        benchmark_hoisting()
         benchmark()
     else:
         sys.exit(pytest.main([__file__, "-q"] + sys.argv[1:]))
