@@ -134,14 +134,17 @@ def _pow_db(a, b):
 
 
 def _pow_base_edge(a, b):
-    # a crossing 0 (sign, 0^-b = inf); |a| crossing 1 when b is infinite (0 or inf)
-    return np.minimum(np.abs(a), np.where(np.isinf(b), np.abs(np.abs(a) - 1), np.inf))
+    # a crossing 0 (sign, 0^-b = inf); |a| crossing 1 when b is infinite (0 or inf) or NaN
+    # (1^NaN = 1, anything else ^ NaN = NaN)
+    return np.minimum(np.abs(a), np.where(np.isinf(b) | np.isnan(b), np.abs(np.abs(a) - 1),
+                                          np.inf))
 
 
 def _pow_exponent_edge(a, b):
-    # a < 0: NaN unless b is an integer; a = 0 or +-inf: b crossing 0 flips 0 and inf
+    # a < 0: NaN unless b is an integer; a = 0 or +-inf: b crossing 0 flips 0 and inf; a NaN:
+    # b crossing 0 (NaN^0 = 1)
     return np.where(a < 0, _dist_int(b),
-                    np.where((a == 0) | np.isinf(a), np.abs(b), np.inf))
+                    np.where((a == 0) | np.isinf(a) | np.isnan(a), np.abs(b), np.inf))
 
 
 def _quotient_jump(xs, es, ctx):
@@ -241,16 +244,8 @@ SELECTS = [s for s in catalog.OPS if s.operand_roles()[:1] == ("bool",)]
 REDUCTIONS = [s for s in catalog.OPS if s.kind == catalog.REDUCE]
 REDUCE_NAMES = frozenset(s.ir_name for s in REDUCTIONS)
 COMPARISON_NAMES = frozenset(s.ir_name for s in COMPARISONS)
-# TF ops of the catalog that are not one IR op each (catalog.TF_OPS only)
-COMPOUND = ("AddN", "ClipByValue", "BiasAdd")
 VIEWS = ("Reshape", "ExpandDims", "Squeeze")
 LEAKY_ALPHAS = (0.2, 0.01, 0.5, 1.5, -0.3, 0.0)
-
-
-def fuzzable_ops(dtype: str) -> list:
-    """Unary and binary catalog entries the generator draws from for `dtype`."""
-    enum = ENUMS[dtype]
-    return [s for s in UNARY + BINARY if enum in s.dtypes]
 
 
 # ---------------------------------------------------------------------------------------------
