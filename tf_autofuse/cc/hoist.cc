@@ -2,7 +2,7 @@
 
 #include "hoist.h"
 
-#include <map>
+#include <set>
 #include <vector>
 
 namespace tf_autofuse {
@@ -18,7 +18,7 @@ bool FullyKnown(const ShapeDecl& shape) {
 
 bool Stored(DType dtype) { return dtype != DType::kF16 && dtype != DType::kBF16; }
 
-// Which instructions may be hoisted when the invariant shape is `shape`.
+// Which instructions may be hoisted when the inputs marked `small` are those read as S.
 std::vector<bool> Hoistable(const Program& program, const std::vector<bool>& small,
                             const std::vector<bool>& is_output) {
   const int n = static_cast<int>(program.instructions.size());
@@ -59,14 +59,14 @@ bool HoistInvariants(const Program& program, HoistedProgram* out) {
   }
 
   // Each distinct fully known shape inputs are read as is a candidate S; keep the best.
-  std::map<std::vector<int64_t>, int> tried;
+  std::set<std::vector<int64_t>> tried;
   std::vector<bool> best_small, best_hoist;
   int best_cost = 0;
   for (int j = 0; j < num_inputs; ++j) {
     const InputDecl& decl = program.inputs[j];
     if (!FullyKnown(decl.shape) || !FullyKnown(decl.read_shape())) continue;
     const std::vector<int64_t>& shape = decl.read_shape().dims;
-    if (!tried.emplace(shape, j).second) continue;
+    if (!tried.insert(shape).second) continue;
     std::vector<bool> small(num_inputs, false);
     for (int k = 0; k < num_inputs; ++k) {
       const InputDecl& other = program.inputs[k];

@@ -363,16 +363,17 @@ class AutofuseKernelOp : public OpKernel {
       const auto dims = input_shape.dim_sizes();
       shapes[j].assign(dims.begin(), dims.end());
     }
-    // The hoisted invariants first, into temporaries the main program reads as extra inputs.
+    // The hoisted invariants' temporaries, which the main program reads as extra inputs; they are
+    // computed below, only when the CPU kernel runs (the NPU kernel computes them itself).
     std::vector<Tensor> invariants;
+    RunShape prun;
+    IoBuffers pio;
     if (prologue_ != nullptr) {
       std::vector<std::vector<int64_t>> prologue_shapes;
-      IoBuffers pio;
       for (int j : prologue_inputs_) {
         prologue_shapes.push_back(shapes[j]);
         pio.inputs.push_back(ctx->input(j).tensor_data().data());
       }
-      RunShape prun;
       const absl::Status status = prologue_->Prepare(prologue_shapes, &prun);
       OP_REQUIRES(ctx, status.ok(),
                   absl::InvalidArgumentError(
@@ -385,8 +386,6 @@ class AutofuseKernelOp : public OpKernel {
         pio.outputs.push_back(const_cast<char*>(invariants[k].tensor_data().data()));
         shapes.push_back(prun.outputs[k]);
       }
-      const int64_t items = prologue_->NumItems(prun);
-      if (items > 0) prologue_->RunItems(prun, pio, 0, items);
     }
     RunShape run;
     const absl::Status status = interpreter_->Prepare(shapes, &run);
@@ -425,6 +424,10 @@ class AutofuseKernelOp : public OpKernel {
     }
 
     if (try_npu && RunOnNpu(ctx, run, io)) return;
+    if (prologue_ != nullptr) {
+      const int64_t items = prologue_->NumItems(prun);
+      if (items > 0) prologue_->RunItems(prun, pio, 0, items);
+    }
 
     const int64_t num_items = interpreter_->NumItems(run);
     if (num_items == 0) return;
