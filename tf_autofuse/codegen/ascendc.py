@@ -122,14 +122,17 @@ def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> K
         return Kernel(name, text, False, str(refused))
 
 
+_NO_FP64 = {"f64": " (the AI core's vector unit has no fp64 arithmetic)"}
+
+
 def _schedule(program: ir.Program) -> str:
     """'' for the flat schedule, else why no schedule fits (yet)."""
     for k, inp in enumerate(program.inputs):
         if inp.dtype not in CTYPE:
-            return f"in{k}: {inp.dtype} has no Ascend vector type on this path"
+            return f"in{k}: {inp.dtype} has no Ascend vector type on this path{_NO_FP64.get(inp.dtype, '')}"
     for k, inst in enumerate(program.insts):
         if inst.dtype not in CTYPE or inst.operand_dtype not in CTYPE:
-            return f"%{k} = {inst.op}: dtype {inst.dtype} is not generated"
+            return f"%{k} = {inst.op}: dtype {inst.dtype} is not generated{_NO_FP64.get(inst.dtype, '')}"
     if program.has_reduction:
         return _REDUCE
     if program.has_broadcast:
