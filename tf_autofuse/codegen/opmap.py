@@ -52,7 +52,6 @@ class Mapping:
 
 _TABLE: dict = {}
 _REFUSED: dict = {}
-_TYPE_REFUSED: dict = {}  # (op, ctype) -> why that compute type is not generated
 
 
 def _add(op, types, temps, apis, emit, shared_tmp=None, tile_only=False):
@@ -215,11 +214,26 @@ def _compare(mode, negate=False):
 
 
 # float compares: Compare takes half/float with every CMPMODE (f16/bf16 values are compared
-# widened to fp32, which is exact). int32: the A2/A3 Compare takes int32 with CMPMODE::EQ only.
+# widened to fp32, which is exact). int32: the A2/A3 Compare takes int32 with CMPMODE::EQ only (and
+# int32 through fp32 is inexact above 2^24), so the order comes from Max/Min and an EQ:
+# x > y = !(max(x, y) == y), x >= y = max(x, y) == x, x < y = !(min(x, y) == y), x <= y = min(x, y) == x.
+def _ordered(mode):
+    api, other, negate = {"GT": ("Max", 1, True), "GE": ("Max", 0, False),
+                          "LT": ("Min", 1, True), "LE": ("Min", 0, False)}[mode]
+
+    def emit(T, d, s, n, t):
+        if T != "int32_t":
+            return _compare(mode)(T, d, s, n, t)
+        return [f"{api}({t[2]}, {s[0]}, {s[1]}, {n});",
+                f"{{ LocalTensor<uint8_t> m = {t[0]}.ReinterpretCast<uint8_t>(); "
+                f"Compare(m, {t[2]}, {s[other]}, CMPMODE::EQ, {n}); }}"] + _select01(d, t, n, negate)
+    return emit
+
+
 for _op, _mode in (("Greater", "GT"), ("GreaterEqual", "GE"), ("Less", "LT"), ("LessEqual", "LE")):
-    _add(_op, FLOAT, 2, ["Compare", "Duplicate", "Select"], _compare(_mode), tile_only=True)
-    _TYPE_REFUSED[(_op, "int32_t")] = ("the vector Compare takes int32 with CMPMODE::EQ only, and "
-                                       "comparing int32 through fp32 is inexact above 2^24")
+    _add(_op, I32_FLOAT, lambda T: 3 if T == "int32_t" else 2,
+         ["Compare", "Duplicate", "Select", "Max" if _mode[0] == "G" else "Min"], _ordered(_mode),
+         tile_only=True)
 _add("Equal", I32_FLOAT, 2, ["Compare", "Duplicate", "Select"], _compare("EQ"), tile_only=True)
 # x != y is !(x == y) for int32 (no NE on int32); float NE is true for NaN, as TF's
 _add("NotEqual", I32_FLOAT, 2, ["Compare", "Duplicate", "Select"],
@@ -319,8 +333,6 @@ def refusal(op: str, ctype: str) -> Optional[str]:
     mapping = _TABLE.get(op)
     if mapping is None:
         return f"{op}: " + _REFUSED.get(op, "no Ascend C mapping")
-    if ctype not in mapping.types and (op, ctype) in _TYPE_REFUSED:
-        return f"{op}: {ctype}: {_TYPE_REFUSED[(op, ctype)]}"
     if ctype not in mapping.types:
         return f"{op}: no Ascend C mapping for {ctype} (has {', '.join(sorted(mapping.types))})"
     return None
