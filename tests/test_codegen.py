@@ -1059,3 +1059,41 @@ def test_twin_enforces_the_rules_the_new_ops_rely_on():
         lib.run("mut_cmp", [x, x], 1)  # a 1000-element tile: 4000 bytes
     with pytest.raises(twin.TwinError, match="CMPMODE::EQ only"):
         lib.run("mut_i32", [np.ones(1000, np.int32)] * 2, 1)
+
+
+def test_bool_values_in_broadcast_and_reduce_schedules():
+    progs = {
+        # a [N,1] condition, a bias row, a bool output of the broadcast schedule
+        "bsel": "in0: bool[?,1]\nin1: f32[?,?]\nin2: f32[?]\n%0 = Select in0, in1, in2\n"
+                "%1 = Greater in1, in2\n%2 = LogicalAnd %1, in0\nout0 = %0\nout1 = %2\n",
+        # full bool and advanced-math outputs alongside a reduction
+        "red": "in0: f16[?,?]\n%0 = Sum in0 axes=[1]\n%1 = Greater in0, 0.0\n%2 = Erf in0\n"
+               "out0 = %0\nout1 = %1\nout2 = %2\n",
+        # a scalar bool condition read from GM, passed through
+        "bscalar": "in0: bool[]\nin1: i32[?,?]\n%0 = Select in0, in1, 5\nout0 = %0\nout1 = in0\n",
+    }
+    kernels = {n: generate(t, f"bc_{n}") for n, t in progs.items()}
+    for n, k in kernels.items():
+        assert k.ok, (n, k.reason)
+    lib = twin.build(kernels.values())
+    rng = np.random.default_rng(11)
+    for cores in (1, 8, 40):
+        for rows, cols in ((3, 5), (37, 1000), (5, 20000)):
+            c = rng.random((rows, 1)) < 0.5
+            a = rng.normal(size=(rows, cols)).astype(np.float32)
+            b = rng.normal(size=cols).astype(np.float32)
+            (y0, y1), _ = lib.run("bc_bsel", [c, a, b], cores)
+            np.testing.assert_array_equal(y0, np.where(c, a, b))
+            np.testing.assert_array_equal(y1, (a > b) & c)
+            x = rng.normal(size=(rows, cols)).astype(np.float16)
+            (s, g, e), _ = lib.run("bc_red", [x], cores)
+            np.testing.assert_array_equal(g, x > 0)
+            np.testing.assert_allclose(s.reshape(-1).astype(np.float64), x.astype(np.float64).sum(1),
+                                       rtol=2e-3, atol=2e-2)
+            check(e, np.vectorize(__import__("math").erf)(x.astype(np.float64)), "f16", "Erf in reduce")
+            i = rng.integers(-9, 9, (rows, cols)).astype(np.int32)
+            for cv in (True, False):
+                (o, p), _ = lib.run("bc_bscalar", [np.array(cv), i], cores)
+                np.testing.assert_array_equal(o, i if cv else np.full_like(i, 5))
+                assert p.dtype == np.bool_
+                np.testing.assert_array_equal(p, np.broadcast_to(np.array(cv), p.shape))
