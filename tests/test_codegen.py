@@ -49,6 +49,8 @@ _NONZERO = {"Reciprocal", "Div"}
 
 
 def sample(op: str, dtype: str, count: int, rng, operand: int = 0) -> np.ndarray:
+    if dtype == "bool":
+        return rng.random(count) < 0.5
     if dtype == "i32":
         return rng.integers(-1000, 1000, count).astype(np.int32)
     if op in _POSITIVE:
@@ -74,15 +76,22 @@ def check(got, want64, dtype, what):
                            f"{np.flatnonzero(bad)[0]}: {got64[bad][:4]} vs {want64[bad][:4]}")
 
 
+def operand_dtypes(spec, dtype):
+    """Per operand: Select's condition is bool, the others `dtype`."""
+    return [("bool" if role == "bool" else dtype) for role in spec.operand_roles()]
+
+
 def unary_or_binary(op, arity, dtype):
-    decl = "".join(f"in{k}: {dtype}[?]\n" for k in range(arity))
+    spec = catalog.for_ir_name(op)
+    dtypes = operand_dtypes(spec, dtype) if spec else [dtype] * arity
+    decl = "".join(f"in{k}: {dtypes[k]}[?]\n" for k in range(arity))
     operands = ", ".join(f"in{k}" for k in range(arity))
     attrs = " alpha=0.2" if op == "LeakyRelu" else ""
     return f"{decl}%0 = {op} {operands}{attrs}\nout0 = %0\n"
 
 
 # One-instruction programs of every elementwise op (reductions need axes and views: they have
-# their own tests below; Cast needs its to= and is refused by opmap anyway).
+# their own tests below; Cast needs its to=: test_cast_between_float_dtypes).
 OP_CASES = [(spec, DTYPE_NAMES[d]) for spec in catalog.OPS for d in sorted(spec.dtypes)
             if spec.kind in (catalog.ELEMENTWISE, catalog.BROADCAST) and spec.ir_name != "Cast"]
 
@@ -104,11 +113,28 @@ def test_every_op_and_dtype_is_generated_or_refused_with_a_reason(op_kernels):
     refused = {key: k.reason for key, k in kernels.items() if not k.ok}
     for (op, dtype), reason in refused.items():
         assert reason, (op, dtype)
-    # f64 has no vector type on the AI core; everything else refused is listed in opmap
+    # f64 has no vector type on the AI core (the reason says so); everything else refused is
+    # refused by opmap, for the op or for its compute type, with the same reason
     for (op, dtype), reason in refused.items():
-        assert dtype == "f64" or op in opmap.refused_ops(), (op, dtype, reason)
+        if dtype == "f64":
+            assert "f64 has no Ascend vector type" in reason, reason
+        else:
+            assert opmap.refusal(op, ascendc.STORAGE[dtype]) in reason, (op, dtype, reason)
+    assert {op for op, d in refused if d != "f64"} == {"FloorMod"}
     generated = {key for key, k in kernels.items() if k.ok}
-    assert len(generated) >= 60, sorted(refused)
+    assert len(generated) >= 140, sorted(refused)
+
+
+def test_every_catalog_op_is_mapped_or_refused_and_the_refused_list_shrank():
+    elementwise = {s.ir_name for s in catalog.OPS if s.kind in (catalog.ELEMENTWISE, catalog.BROADCAST)}
+    assert elementwise <= set(opmap.mapped_ops()) | set(opmap.refused_ops())
+    reductions = {s.ir_name for s in catalog.OPS if s.kind == catalog.REDUCE}
+    assert reductions == set(ascendc.REDUCE_API) | {"Prod"}  # Prod: refused by the reduce schedule
+    assert set(opmap.refused_ops()) == {"FloorMod"}  # issue 6: 21 ops refused before
+    for op, reason in opmap.refused_ops().items():
+        assert len(reason) > 40, (op, reason)
+    for op in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "Select"):
+        assert opmap.refusal(op, "int32_t") is None
 
 
 @pytest.mark.parametrize("spec,dtype", OP_CASES, ids=[f"{s.ir_name}-{d}" for s, d in OP_CASES])
@@ -119,13 +145,19 @@ def test_op_matches_numpy_on_the_twin(op_kernels, spec, dtype):
         pytest.skip(kernel.reason)
     rng = np.random.default_rng(7)
     count = 3 * 1280 + 37  # 8 cores, the last one with a tail that is not 32-byte aligned
-    xs = [sample(spec.ir_name, dtype, count, rng, k) for k in range(spec.arity)]
+    dtypes = operand_dtypes(spec, dtype)
+    xs = [sample(spec.ir_name, d, count, rng, k) for k, d in enumerate(dtypes)]
+    if spec.ir_name in ("Equal", "NotEqual"):  # ties, or every comparison is false
+        xs[1] = np.where(rng.random(count) < 0.5, xs[0], xs[1])
     (got,), t = lib.run(kernel.name, xs, core_num=8)
     assert t.blockDim == 4 or t.blockDim <= 8
     attrs = {"alpha": 0.2} if spec.ir_name == "LeakyRelu" else {}  # the IR's default alpha
-    want = spec.reference(*[as_float(x, dtype) if dtype != "i32" else x.astype(np.int64) for x in xs],
-                          **attrs)
-    if dtype == "i32":
+    want = spec.reference(*[x if d == "bool" else as_float(x, d) if d != "i32" else x.astype(np.int64)
+                            for x, d in zip(xs, dtypes)], **attrs)
+    if spec.result == "bool" or dtype == "bool":
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got, np.asarray(want).astype(bool))
+    elif dtype == "i32":
         want = np.asarray(want).astype(np.int64).astype(np.int32)
         np.testing.assert_array_equal(got, want)
     else:
@@ -234,8 +266,8 @@ def test_blacklist_is_read_from_autofuse_flags():
 
 @pytest.mark.parametrize("text,why", [
     ("in0: f64[?]\n%0 = Abs in0\nout0 = %0\n", "f64"),
-    ("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "advanced math"),
-    ("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "not generated yet"),
+    ("in0: f64[?]\n%0 = Erf in0\nout0 = %0\n", "f64"),
+    ("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "exact fmod"),
     ("in0: f32[8,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, inner]"),
     ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "multi-pass"),
     ("in0: f32[4,10]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", "trailing axes"),
@@ -248,7 +280,8 @@ def test_blacklist_is_read_from_autofuse_flags():
      "%2 = Mean %1 axes=[1]\nout0 = %2\n", "multi-pass"),  # variance
     ("in0: f32[?,10]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\nout0 = %1\n",
      "mixes reduced values with inputs read as reduced"),
-    ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Erf %0\nout0 = %1\n", "advanced math"),
+    ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Erf %0\nout0 = %1\n", "tile-sized temp buffer"),
+    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Greater %0, 0.0\nout0 = %1\n", "one lane of RowEnd"),
     ("in0: f32[4,6,8]\n%0 = Sum in0 axes=[0,1]\nout0 = %0\n", "trailing axes"),
     ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "trailing axes"),
     ("in0: i32[4,10]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
@@ -258,7 +291,7 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\nout0 = %0\nout1 = in1\n",
      "no reduction computes it"),
     ("in0: f32[?]\n%0 = Abs in0\nout0 = %1\n", "does not parse"),
-    ("in0: f32[?]\nin1: f32[?]\n%0 = Greater in0, in1\nout0 = %0\n", "bool"),
+    ("in0: f64[?]\nin1: f64[?]\n%0 = Greater in0, in1\nout0 = %0\n", "f64"),
 ])
 def test_refusals_keep_the_group_on_the_cpu_path(text, why):
     kernel = generate(text, "refused")
@@ -526,7 +559,7 @@ def test_a_failed_npu_build_warns_once_and_keeps_the_cpu_path(tmp_path):
 def test_unmappable_group_is_not_built(tmp_path):
     cann.reset_for_tests()
     env = fake_cann(tmp_path / "ascend")
-    assert cann.prepare("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "erf_only", env) is None
+    assert cann.prepare("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "floormod_only", env) is None
 
 
 def test_attach_npu_libraries_without_cann_changes_nothing(tmp_path):
@@ -555,7 +588,7 @@ def test_cmake_build_plan_names_the_toolchain(tmp_path):
 def test_debug_dump_hook_writes_sources_tiling_commands_and_logs(tmp_path):
     env = {"AUTOFUSE_DFX_FLAGS": f"--codegen_compile_debug=true;--debug_dir={tmp_path}"}
     fusions = [("autofuse_pointwise_0_Abs_Relu_Exp", CHAIN.replace("[?]", "[64,100]")),
-               ("autofuse_pointwise_1_Erf", "in0: f32[?]\n%0 = Erf in0\nout0 = %0\n")]
+               ("autofuse_pointwise_1_FloorMod", "in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n")]
     kernels = dump.dump_if_enabled(fusions, environ=env)
     assert [k.ok for k in kernels] == [True, False]
     out = tmp_path / "codegen/autofuse_pointwise_0_abs_relu_exp"
@@ -567,7 +600,7 @@ def test_debug_dump_hook_writes_sources_tiling_commands_and_logs(tmp_path):
     assert "total=6400 cores=40" in (out / "tiling.txt").read_text()
     assert "g++" in (out / "build_commands.txt").read_text()
     assert "cmake" in (out / "build_commands.txt").read_text()
-    assert "Erf" in (tmp_path / "codegen/autofuse_pointwise_1_erf/refused.txt").read_text()
+    assert "FloorMod" in (tmp_path / "codegen/autofuse_pointwise_1_floor_mod/refused.txt").read_text()
     assert dump.dump_if_enabled(fusions, environ={}) == []
 
 
@@ -772,3 +805,297 @@ def test_rounding_ops_on_edge_values():
         (y,), _ = lib.run(kernel.name, [x], 8)
         np.testing.assert_array_equal(y, ref(x))
         np.testing.assert_array_equal(np.signbit(y), np.signbit(ref(x)))  # -0.0 stays -0.0
+
+
+# ---- bool values, Cast, FloorDiv, advanced math (issue 6: op coverage) -------------------------
+
+SPECIAL = np.array([0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 0.5, -0.3, 1e-30, -1e-30, 3e9, -3e9, 1e30, -1e30,
+                    65504.0, 65520.0, 70000.0, 3e38, -3e38, 1e-8, np.inf, -np.inf, np.nan, -np.nan])
+
+
+def special(dtype: str, count: int, rng) -> np.ndarray:
+    """`count` values mixing the special ones above with random ones, in the dtype's storage."""
+    x = np.where(rng.random(count) < 0.6, rng.choice(SPECIAL, count), rng.uniform(-8, 8, count))
+    with np.errstate(over="ignore"):
+        return store(x, dtype)
+
+
+def _floordiv_ref(x, y):
+    with np.errstate(all="ignore"):
+        return np.floor(x / y)
+
+
+COVERAGE = {
+    **{f"tests_{d}": f"in0: {d}[?]\n%0 = IsNan in0\n%1 = IsInf in0\n%2 = IsFinite in0\n"
+                     "out0 = %0\nout1 = %1\nout2 = %2\n" for d in ("f32", "f16", "bf16")},
+    **{f"cmp_{d}": f"in0: {d}[?]\nin1: {d}[?]\n%0 = Greater in0, in1\n%1 = GreaterEqual in0, in1\n"
+                   "%2 = Less in0, in1\n%3 = LessEqual in0, in1\n%4 = Equal in0, in1\n%5 = NotEqual in0, in1\n"
+                   "out0 = %0\nout1 = %1\nout2 = %2\nout3 = %3\nout4 = %4\nout5 = %5\n"
+       for d in ("f32", "f16", "bf16")},
+    "cmp_i32": "in0: i32[?]\nin1: i32[?]\n%0 = Equal in0, in1\n%1 = NotEqual in0, in1\n%2 = Equal in0, 7\n"
+               "%3 = Greater in0, in1\n%4 = GreaterEqual in0, in1\n%5 = Less in0, in1\n%6 = LessEqual in0, in1\n"
+               "out0 = %0\nout1 = %1\nout2 = %2\nout3 = %3\nout4 = %4\nout5 = %5\nout6 = %6\n",
+    "select_f32": "in0: bool[?]\nin1: f32[?]\nin2: f32[?]\n%0 = Select in0, in1, in2\n"
+                  "%1 = Select in0, in1, -0.0\n%2 = Select true, in2, in1\nout0 = %0\nout1 = %1\nout2 = %2\n",
+    "select_i32": "in0: bool[?]\nin1: i32[?]\nin2: i32[?]\n%0 = Select in0, in1, in2\n"
+                  "%1 = Select false, in1, in2\n%2 = Select in0, 2147483647, in2\nout0 = %0\nout1 = %1\nout2 = %2\n",
+    "logic": "in0: bool[?]\nin1: bool[?]\n%0 = LogicalAnd in0, in1\n%1 = LogicalOr in0, in1\n"
+             "%2 = LogicalNot %0\n%3 = ZerosLike in0\n%4 = OnesLike in1\n%5 = LogicalOr in0, true\n"
+             "out0 = %0\nout1 = %1\nout2 = %2\nout3 = %3\nout4 = %4\nout5 = in0\nout6 = %5\n",
+    # a mask computed and used in one kernel, f16 values: max without NaN propagation, and x > y
+    "mixed": "in0: f16[?]\nin1: f16[?]\n%0 = Greater in0, in1\n%1 = Select %0, in0, in1\n"
+             "%2 = IsNan in0\n%3 = LogicalAnd %0, %2\n%4 = ZerosLike in0\n%5 = OnesLike in1\n"
+             "out0 = %1\nout1 = %0\nout2 = %3\nout3 = %4\nout4 = %5\n",
+    "cast_f32_f16": "in0: f32[?]\n%0 = Cast in0 to=f16\nout0 = %0\n",
+    "cast_f32_bf16": "in0: f32[?]\n%0 = Cast in0 to=bf16\nout0 = %0\n",
+    "cast_f16_f32": "in0: f16[?]\n%0 = Cast in0 to=f32\nout0 = %0\n",
+    "cast_bf16_f16": "in0: bf16[?]\n%0 = Cast in0 to=f16\nout0 = %0\n",
+    "cast_f16_bf16": "in0: f16[?]\n%0 = Cast in0 to=bf16\nout0 = %0\n",
+    # the intermediate rounding happens inside the kernel: f32 -> f16 -> f32 is not the identity
+    "cast_roundtrip": "in0: f32[?]\n%0 = Cast in0 to=f16\n%1 = Cast %0 to=f32\n%2 = Cast %1 to=bf16\n"
+                      "%3 = Cast %2 to=f32\nout0 = %1\nout1 = %3\n",
+    **{f"floordiv_{d}": f"in0: {d}[?]\nin1: {d}[?]\n%0 = FloorDiv in0, in1\nout0 = %0\n"
+       for d in ("f32", "f16", "bf16")},
+    "adv_chain": "in0: f32[?]\nin1: f32[?]\n%0 = Erf in0\n%1 = Sin %0\n%2 = Pow in1, %1\n%3 = Atan %2\n"
+                 "%4 = Erfc in1\n%5 = Add %3, %4\nout0 = %5\n",
+}
+
+
+@pytest.fixture(scope="module")
+def coverage():
+    kernels = {name: generate(text, f"cov_{name}") for name, text in COVERAGE.items()}
+    for name, k in kernels.items():
+        assert k.ok, (name, k.reason)
+    return kernels, twin.build(kernels.values())
+
+
+def _run(coverage, name, inputs, cores):
+    kernels, lib = coverage
+    outs, _ = lib.run(kernels[name].name, inputs, cores)
+    return outs
+
+
+COUNTS = [(1, 37), (8, 3 * 1280 + 37), (40, 40 * 128 * 3 + 5)]
+
+
+@pytest.mark.parametrize("cores,count", COUNTS)
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_isnan_isinf_isfinite_on_special_values(coverage, dtype, cores, count):
+    x = special(dtype, count, np.random.default_rng(cores))
+    v = as_float(x, dtype)
+    nan, inf, fin = _run(coverage, f"tests_{dtype}", [x], cores)
+    assert nan.dtype == np.bool_
+    np.testing.assert_array_equal(nan, np.isnan(v))
+    np.testing.assert_array_equal(inf, np.isinf(v))
+    np.testing.assert_array_equal(fin, np.isfinite(v))
+
+
+@pytest.mark.parametrize("cores,count", COUNTS)
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "i32"])
+def test_comparisons_on_special_values(coverage, dtype, cores, count):
+    rng = np.random.default_rng(cores + 1)
+    if dtype == "i32":
+        x = rng.choice(np.array([0, 1, -1, 7, 2**31 - 1, -2**31, 2**24 + 1, 2**24], np.int64), count).astype(np.int32)
+        y = np.where(rng.random(count) < 0.5, x, rng.integers(-2**31, 2**31 - 1, count)).astype(np.int32)
+        y[:8] = x[:8] + np.int32(1)  # 2^24 + 1 vs 2^24: equal through fp32, not here
+        eq, ne, eq7, gt, ge, lt, le = _run(coverage, "cmp_i32", [x, y], cores)
+        np.testing.assert_array_equal(eq, x == y)
+        np.testing.assert_array_equal(ne, x != y)
+        np.testing.assert_array_equal(eq7, x == 7)
+        for got, want in zip((gt, ge, lt, le), (x > y, x >= y, x < y, x <= y)):
+            np.testing.assert_array_equal(got, want)  # exact at 2^24 + 1 vs 2^24 and at the extremes
+        return
+    x = special(dtype, count, rng)
+    y = np.where(rng.random(count) < 0.4, x, special(dtype, count, rng))  # ties, -0.0 vs 0.0, NaN vs NaN
+    a, b = as_float(x, dtype), as_float(y, dtype)
+    outs = _run(coverage, f"cmp_{dtype}", [x, y], cores)
+    with np.errstate(invalid="ignore"):
+        for got, want in zip(outs, (a > b, a >= b, a < b, a <= b, a == b, a != b)):
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("cores,count", COUNTS)
+def test_select_float_and_int32(coverage, cores, count):
+    rng = np.random.default_rng(cores + 2)
+    c = rng.random(count) < 0.5
+    x, y = special("f32", count, rng), special("f32", count, rng)
+    s0, s1, s2 = _run(coverage, "select_f32", [c, x, y], cores)
+    np.testing.assert_array_equal(s0, np.where(c, x, y))  # NaN and inf pass through untouched
+    np.testing.assert_array_equal(s1, np.where(c, x, np.float32(-0.0)))
+    assert np.signbit(s1[~c]).all()
+    np.testing.assert_array_equal(s2, y)
+    i = rng.integers(-2**31, 2**31 - 1, count).astype(np.int32)
+    j = rng.integers(-2**31, 2**31 - 1, count).astype(np.int32)
+    t0, t1, t2 = _run(coverage, "select_i32", [c, i, j], cores)
+    np.testing.assert_array_equal(t0, np.where(c, i, j))
+    np.testing.assert_array_equal(t1, j)
+    np.testing.assert_array_equal(t2, np.where(c, np.int32(2**31 - 1), j))
+
+
+@pytest.mark.parametrize("cores,count", COUNTS)
+def test_logical_ops_fills_and_bool_passthrough(coverage, cores, count):
+    rng = np.random.default_rng(cores + 3)
+    a, b = rng.random(count) < 0.5, rng.random(count) < 0.5
+    outs = _run(coverage, "logic", [a, b], cores)
+    for got in outs:
+        assert got.dtype == np.bool_ and got.view(np.uint8).max(initial=0) <= 1  # 0/1 bytes
+    want = (a & b, a | b, ~(a & b), np.zeros(count, bool), np.ones(count, bool), a, np.ones(count, bool))
+    for got, w in zip(outs, want):
+        np.testing.assert_array_equal(got, w)
+
+
+@pytest.mark.parametrize("cores,count", COUNTS)
+def test_mask_and_values_in_one_kernel(coverage, cores, count):
+    rng = np.random.default_rng(cores + 4)
+    x, y = special("f16", count, rng), special("f16", count, rng)
+    sel, gt, both, zeros, ones = _run(coverage, "mixed", [x, y], cores)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(sel, np.where(x > y, x, y))
+        np.testing.assert_array_equal(gt, x > y)
+    np.testing.assert_array_equal(both, (x > y) & np.isnan(x))  # always false
+    np.testing.assert_array_equal(zeros, np.zeros(count, np.float16))
+    np.testing.assert_array_equal(ones, np.ones(count, np.float16))
+
+
+def _bits_equal(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    nan = np.isnan(want.astype(np.float64)) if want.dtype != np.uint16 else np.isnan(from_bf16(want))
+    gnan = np.isnan(got.astype(np.float64)) if got.dtype != np.uint16 else np.isnan(from_bf16(got))
+    np.testing.assert_array_equal(gnan, nan)
+    np.testing.assert_array_equal(got[~nan], want[~nan])  # bit patterns: -0.0 stays -0.0
+
+
+@pytest.mark.parametrize("cores,count", COUNTS)
+def test_cast_between_float_dtypes(coverage, cores, count):
+    rng = np.random.default_rng(cores + 5)
+    x = special("f32", count, rng)
+    x[:6] = [1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 65519.0, 2.0 ** -25]  # ties
+    with np.errstate(over="ignore"):
+        f16 = x.astype(np.float16)
+    (got,) = _run(coverage, "cast_f32_f16", [x], cores)
+    _bits_equal(got.view(np.uint16), f16.view(np.uint16))
+    (got,) = _run(coverage, "cast_f32_bf16", [x], cores)
+    _bits_equal(got, to_bf16(x))
+    (got,) = _run(coverage, "cast_f16_f32", [f16], cores)
+    _bits_equal(got.view(np.uint32), f16.astype(np.float32).view(np.uint32))
+    b = to_bf16(x)
+    with np.errstate(over="ignore"):
+        want = from_bf16(b).astype(np.float16)
+    (got,) = _run(coverage, "cast_bf16_f16", [b], cores)
+    _bits_equal(got.view(np.uint16), want.view(np.uint16))
+    (got,) = _run(coverage, "cast_f16_bf16", [f16], cores)
+    _bits_equal(got, to_bf16(f16.astype(np.float32)))
+    r16, rbf = _run(coverage, "cast_roundtrip", [x], cores)
+    _bits_equal(r16.view(np.uint32), f16.astype(np.float32).view(np.uint32))
+    _bits_equal(rbf.view(np.uint32), from_bf16(to_bf16(f16.astype(np.float32))).view(np.uint32))
+
+
+@pytest.mark.parametrize("cores,count", COUNTS)
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_floordiv_on_special_values(coverage, dtype, cores, count):
+    rng = np.random.default_rng(cores + 6)
+    x, y = special(dtype, count, rng), special(dtype, count, rng)
+    y[:4] = store(np.array([0.0, -0.0, 3.0, -3.0]), dtype)
+    x[:4] = store(np.array([1.0, 1.0, -1.0, 1.0]), dtype)
+    (got,) = _run(coverage, f"floordiv_{dtype}", [x, y], cores)
+    want = _floordiv_ref(as_float(x, dtype).astype(np.float32), as_float(y, dtype).astype(np.float32))
+    want = store(want.astype(np.float64), dtype)
+    if dtype == "bf16":
+        got, want = from_bf16(got), from_bf16(want)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))  # floor(-0.0 / 5) = -0.0
+
+
+@pytest.mark.parametrize("cores,count", COUNTS)
+def test_advanced_math_chain(coverage, cores, count):
+    rng = np.random.default_rng(cores + 7)
+    x = rng.uniform(-3, 3, count).astype(np.float32)
+    y = rng.uniform(0.1, 3, count).astype(np.float32)
+    (got,) = _run(coverage, "adv_chain", [x, y], cores)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    erf = np.vectorize(__import__("math").erf)
+    erfc = np.vectorize(__import__("math").erfc)
+    want = np.arctan(y64 ** np.sin(erf(x64))) + erfc(y64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_advanced_math_reserves_its_shared_temp_buffer_in_the_ub_plan():
+    plain = generate("in0: f32[?]\n%0 = Abs in0\nout0 = %0\n", "plain_abs")
+    kernels = {op: generate(f"in0: f32[?]\n%0 = {op} in0\nout0 = %0\n", f"adv_{op}")
+               for op in ("Erf", "Erfc", "Sin", "Cos", "Tan", "Atan")}
+    nodes = {"Erf": 3, "Erfc": 7, "Sin": 3, "Cos": 3, "Tan": 4, "Atan": 5}
+    for op, k in kernels.items():
+        assert k.ok, k.reason
+        assert ("sharedTmp (advanced math)", 4 * nodes[op], 1) in k.ub.buffers
+        assert k.ub.max_tile < plain.ub.max_tile
+        src = k.sources[f"{k.name}_kernel.cpp"]
+        assert f"pipe.InitBuffer(sharedTmpBuf, t.tileLength * {4 * nodes[op]} + 0);" in src
+        assert f"{op}(y0, x0, sharedTmp, cn);" in src
+    pw = generate("in0: f32[?]\nin1: f32[?]\n%0 = Pow in0, in1\nout0 = %0\n", "adv_pow")
+    assert pw.ub.fixed == 256 and ("sharedTmp (advanced math)", 16, 1) in pw.ub.buffers
+    # two advanced ops share one buffer, sized for the larger
+    both = generate("in0: f32[?]\n%0 = Erf in0\n%1 = Erfc %0\nout0 = %1\n", "adv_both")
+    assert [b for b in both.ub.buffers if b[0].startswith("sharedTmp")] == [("sharedTmp (advanced math)", 28, 1)]
+
+
+def _mutated(text, name, old, new):
+    kernel = generate(text, name)
+    src = kernel.sources[f"{name}_kernel.cpp"]
+    assert old in src, old
+    kernel.sources[f"{name}_kernel.cpp"] = src.replace(old, new)
+    return kernel
+
+
+def test_twin_enforces_the_rules_the_new_ops_rely_on():
+    kernels = [
+        _mutated("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "mut_tmp", "t.tileLength * 12 + 0", "t.tileLength * 4 + 0"),
+        _mutated("in0: f32[?]\nin1: f32[?]\n%0 = Greater in0, in1\nout0 = %0\n", "mut_cmp",
+                 "CMPMODE::GT, cn)", "CMPMODE::GT, n)"),
+        _mutated("in0: i32[?]\nin1: i32[?]\n%0 = Equal in0, in1\nout0 = %0\n", "mut_i32", "CMPMODE::EQ", "CMPMODE::GT"),
+    ]
+    lib = twin.build(kernels)
+    x = np.ones(1000, np.float32)
+    with pytest.raises(twin.TwinError, match="sharedTmpBuffer of"):
+        lib.run("mut_tmp", [x], 1)
+    with pytest.raises(twin.TwinError, match="multiple of 256 bytes"):
+        lib.run("mut_cmp", [x, x], 1)  # a 1000-element tile: 4000 bytes
+    with pytest.raises(twin.TwinError, match="CMPMODE::EQ only"):
+        lib.run("mut_i32", [np.ones(1000, np.int32)] * 2, 1)
+
+
+def test_bool_values_in_broadcast_and_reduce_schedules():
+    progs = {
+        # a [N,1] condition, a bias row, a bool output of the broadcast schedule
+        "bsel": "in0: bool[?,1]\nin1: f32[?,?]\nin2: f32[?]\n%0 = Select in0, in1, in2\n"
+                "%1 = Greater in1, in2\n%2 = LogicalAnd %1, in0\nout0 = %0\nout1 = %2\n",
+        # full bool and advanced-math outputs alongside a reduction
+        "red": "in0: f16[?,?]\n%0 = Sum in0 axes=[1]\n%1 = Greater in0, 0.0\n%2 = Erf in0\n"
+               "out0 = %0\nout1 = %1\nout2 = %2\n",
+        # a scalar bool condition read from GM, passed through
+        "bscalar": "in0: bool[]\nin1: i32[?,?]\n%0 = Select in0, in1, 5\nout0 = %0\nout1 = in0\n",
+    }
+    kernels = {n: generate(t, f"bc_{n}") for n, t in progs.items()}
+    for n, k in kernels.items():
+        assert k.ok, (n, k.reason)
+    lib = twin.build(kernels.values())
+    rng = np.random.default_rng(11)
+    for cores in (1, 8, 40):
+        for rows, cols in ((3, 5), (37, 1000), (5, 20000)):
+            c = rng.random((rows, 1)) < 0.5
+            a = rng.normal(size=(rows, cols)).astype(np.float32)
+            b = rng.normal(size=cols).astype(np.float32)
+            (y0, y1), _ = lib.run("bc_bsel", [c, a, b], cores)
+            np.testing.assert_array_equal(y0, np.where(c, a, b))
+            np.testing.assert_array_equal(y1, (a > b) & c)
+            x = rng.normal(size=(rows, cols)).astype(np.float16)
+            (s, g, e), _ = lib.run("bc_red", [x], cores)
+            np.testing.assert_array_equal(g, x > 0)
+            np.testing.assert_allclose(s.reshape(-1).astype(np.float64), x.astype(np.float64).sum(1),
+                                       rtol=2e-3, atol=2e-2)
+            check(e, np.vectorize(__import__("math").erf)(x.astype(np.float64)), "f16", "Erf in reduce")
+            i = rng.integers(-9, 9, (rows, cols)).astype(np.int32)
+            for cv in (True, False):
+                (o, p), _ = lib.run("bc_bscalar", [np.array(cv), i], cores)
+                np.testing.assert_array_equal(o, i if cv else np.full_like(i, 5))
+                assert p.dtype == np.bool_
+                np.testing.assert_array_equal(p, np.broadcast_to(np.array(cv), p.shape))

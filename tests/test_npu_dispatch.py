@@ -114,6 +114,20 @@ def test_arithmetic_on_a_reduced_value_runs_on_the_stand_in_npu(child):
     np.testing.assert_allclose(arrays["rms_fused_0"], arrays["rms_unfused_0"], rtol=1e-5)
 
 
+def test_bool_values_run_on_the_stand_in_npu(child):
+    report, arrays, _ = child
+    assert_on_npu(report, "boolean", runs=1)
+    x, y = arrays["x32b"], arrays["x32"]
+    m, s = arrays["boolean_fused_0"], arrays["boolean_fused_1"]
+    assert m.dtype == np.bool_ and m.shape == (64, 300)
+    np.testing.assert_array_equal(m, (x > y) & ~np.isnan(x))
+    np.testing.assert_array_equal(m, arrays["boolean_unfused_0"])
+    erf = np.vectorize(__import__("math").erf)(x.astype(np.float64))
+    want = np.where(m, erf, y.astype(np.float16).astype(np.float64))
+    np.testing.assert_allclose(s, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(s, arrays["boolean_unfused_1"], rtol=1e-6, atol=1e-7)
+
+
 def test_failed_launch_falls_back_to_the_cpu_with_one_warning(child):
     report, arrays, stderr = child
     name, library = only_kernel(report, "failing")
@@ -202,6 +216,6 @@ def test_attach_skips_graphs_without_fused_nodes_and_remembers_builds(backend, t
     cann.attach_npu_libraries(fused_graph(f16), blacklist=())
     assert [k.half_ops for k in built[1:]] == [("%0 = Exp",), ()]
     # a program the generator refuses is not stamped (and not built)
-    g = fused_graph("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n")
+    g = fused_graph("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n")
     assert cann.attach_npu_libraries(g, blacklist=()) == 0 and len(built) == 3
     assert cann.NPU_LIBRARY_ATTR not in g.node[0].attr

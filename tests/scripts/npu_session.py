@@ -98,6 +98,14 @@ def rms():  # arithmetic on the reduced value, once a row
     return tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=1) + 1e-5, name="y"), [x]
 
 
+def boolean():  # bool values: a mask computed, combined, selected on, and returned (issue 6)
+    x = tf1.placeholder(tf.float32, [64, 300], name="x")
+    y = tf1.placeholder(tf.float32, [64, 300], name="y")
+    m = tf.logical_and(tf.greater(x, y), tf.logical_not(tf.math.is_nan(x)), name="m")
+    s = tf.where(m, tf.math.erf(x), tf.cast(tf.cast(y, tf.float16), tf.float32), name="s")
+    return [m, s], [x, y]
+
+
 def failing():
     x = tf1.placeholder(tf.float32, [32, 100], name="x")
     return tf.sigmoid(tf.tanh(x) * 2.0, name="y"), [x]
@@ -129,6 +137,9 @@ case("pointwise", pointwise, [x32], runs=2)
 case("broadcast", broadcast, [x16, b16])
 case("reduce", reduce, [xr, br], autofuse_enable_pass="reduce")
 case("rms", rms, [xr], autofuse_enable_pass="reduce")
+x32b = x32[::-1].copy()
+x32b[0, :7] = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, 70000.0]
+case("boolean", boolean, [x32b, x32])
 
 # 3. Launches that fail: the CPU path, one warning for the kernel (two sessions, three runs).
 os.environ["TWIN_ACL_FAIL_SYNC"] = "1"
@@ -152,6 +163,6 @@ fused, kernels, logged = run(missing_library, [xf], fuse=False, runs=2)
 report["missing_library"] = {"kernels": kernels, "launches": logged}
 arrays["missing_library_fused_0"] = fused
 
-np.savez(OUT / "arrays.npz", x32=x32, x16=x16, b16=b16, xr=xr, br=br, xf=xf, **arrays)
+np.savez(OUT / "arrays.npz", x32=x32, x32b=x32b, x16=x16, b16=b16, xr=xr, br=br, xf=xf, **arrays)
 (OUT / "report.json").write_text(json.dumps(report, indent=1))
 print("done")

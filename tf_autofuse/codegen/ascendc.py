@@ -27,9 +27,10 @@ from typing import Optional
 
 from . import ir, opmap, tiling
 
-CTYPE = {"f16": "half", "bf16": "bfloat16_t", "f32": "float", "i32": "int32_t"}
-SIZE = {"half": 2, "bfloat16_t": 2, "float": 4, "int32_t": 4}
-STORAGE = {"f16": "float", "bf16": "float", "f32": "float", "i32": "int32_t"}  # compute type
+CTYPE = {"f16": "half", "bf16": "bfloat16_t", "f32": "float", "i32": "int32_t", "bool": "uint8_t"}
+SIZE = {"half": 2, "bfloat16_t": 2, "float": 4, "int32_t": 4, "uint8_t": 1}
+# compute type; bool is 1 byte 0/1 in GM and a float 0.0/1.0 tile in UB (opmap.py, docs/ASCEND.md)
+STORAGE = {"f16": "float", "bf16": "float", "f32": "float", "i32": "int32_t", "bool": "float"}
 BLACKLIST_FLAG = "autofuse_enhance_precision_blacklist"
 
 
@@ -121,14 +122,17 @@ def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> K
         return Kernel(name, text, False, str(refused))
 
 
+_NO_FP64 = {"f64": " (the AI core's vector unit has no fp64 arithmetic)"}
+
+
 def _schedule(program: ir.Program) -> str:
     """'' for the flat schedule, else why no schedule fits (yet)."""
     for k, inp in enumerate(program.inputs):
         if inp.dtype not in CTYPE:
-            return f"in{k}: {inp.dtype} has no Ascend vector type on this path"
+            return f"in{k}: {inp.dtype} has no Ascend vector type on this path{_NO_FP64.get(inp.dtype, '')}"
     for k, inst in enumerate(program.insts):
         if inst.dtype not in CTYPE or inst.operand_dtype not in CTYPE:
-            return f"%{k} = {inst.op}: dtype {inst.dtype} is not generated"
+            return f"%{k} = {inst.op}: dtype {inst.dtype} is not generated{_NO_FP64.get(inst.dtype, '')}"
     if program.has_reduction:
         return _REDUCE
     if program.has_broadcast:
@@ -271,6 +275,7 @@ class _Flat:
         self.views: dict = {}  # (slot, ctype) -> C++ name of the view
         self.body: list = []  # statements of Compute
         self.half_ops: list = []
+        self.shared_tmp = (0, 0)  # advanced math: (bytes per tile element, extra bytes) of sharedTmp
 
     # ---- scratch slots (TBufs of tile * 4 bytes) ------------------------------------------
     def _alloc(self) -> int:
@@ -286,7 +291,7 @@ class _Flat:
     def _view(self, slot: int, ctype: str) -> str:
         key = (slot, ctype)
         if key not in self.views:
-            suffix = {"float": "", "int32_t": "i", "half": "h", "bfloat16_t": "b"}[ctype]
+            suffix = {"float": "", "int32_t": "i", "half": "h", "bfloat16_t": "b", "uint8_t": "u"}[ctype]
             self.views[key] = f"c{slot}{suffix}"
         return self.views[key]
 
@@ -353,20 +358,24 @@ class _Flat:
             if inst.op in self.blacklist and inst.operand_dtype == "f16" and "half" in mapping.types:
                 exec_type = "half"
                 self.half_ops.append(f"%{k} = {inst.op}")
+            if mapping.shared_tmp:
+                self.shared_tmp = tuple(max(a, b) for a, b in zip(self.shared_tmp, mapping.shared_tmp))
             srcs, scratch = [], []
-            for o in inst.operands:
+            for pos, o in enumerate(inst.operands):
                 if isinstance(o, ir.Ref):
                     srcs.append(self._operand(o, loc))
                 else:
+                    # an immediate: Select's condition is a bool (float 0/1 tile), others exec_type
+                    imm_type = STORAGE["bool"] if inst.op == "Select" and pos == 0 else exec_type
                     slot = self._alloc()
                     scratch.append(slot)
-                    view = self._view(slot, exec_type)
-                    self._vec(f"Duplicate({view}, {opmap.lit(exec_type, o)}, cn);")
-                    srcs.append((view, exec_type))
+                    view = self._view(slot, imm_type)
+                    self._vec(f"Duplicate({view}, {opmap.lit(imm_type, o)}, cn);")
+                    srcs.append((view, imm_type))
             # operands in the execution type
             args = []
-            for expr, t in srcs:
-                if t == exec_type:
+            for pos, (expr, t) in enumerate(srcs):
+                if t == exec_type or (inst.op == "Select" and pos == 0):
                     args.append(expr)
                 else:  # float -> half for a blacklisted op
                     slot = self._alloc()
@@ -380,12 +389,15 @@ class _Flat:
                 scratch.append(slot)
                 temps.append(self._view(slot, exec_type))
             ref = ir.Ref("%", k)
+            vtype = STORAGE[inst.dtype]  # the value's compute type (bool: float 0/1)
             if ref in direct:
                 dst, dst_slot = f"y{direct[ref]}", None
             else:
                 dst_slot = self._alloc()
-                dst = self._view(dst_slot, ctype)
+                dst = self._view(dst_slot, vtype)
             extra = {"alpha": opmap.alpha_of(inst.attrs)} if inst.op == "LeakyRelu" else {}
+            if inst.op == "Cast":
+                extra = {"to": inst.attrs.get("to")}
             if exec_type == ctype:
                 self._vec(*mapping.emit(exec_type, dst, args, "cn", temps, **extra))
             else:
@@ -394,7 +406,7 @@ class _Flat:
                 hdst = self._view(hslot, exec_type)
                 self._vec(*mapping.emit(exec_type, hdst, args, "cn", temps, **extra))
                 self._vec(f"Cast({dst}, {hdst}, RoundMode::CAST_NONE, cn);")
-            loc[ref] = (dst, ctype, dst_slot)
+            loc[ref] = (dst, vtype, dst_slot)
             for slot in scratch:
                 self._release(slot)
             for o in set(x for x in inst.operands if isinstance(x, ir.Ref)):
@@ -414,6 +426,12 @@ class _Flat:
                 expr, t = self._operand(ref, loc)
             if t == out_types[j]:
                 self._vec(f"DataCopy(y{j}, {expr}, cn);")
+            elif out_types[j] == "uint8_t":  # bool: float 0/1 -> half -> uint8 0/1 (exact)
+                slot = self._alloc()
+                view = self._view(slot, "half")
+                self._vec(f"Cast({view}, {expr}, RoundMode::CAST_RINT, cn);",
+                          f"Cast(y{j}, {view}, RoundMode::CAST_RINT, cn);")
+                self._release(slot)
             else:
                 self._vec(f"Cast(y{j}, {expr}, RoundMode::CAST_RINT, cn);")
 
@@ -422,7 +440,10 @@ class _Flat:
         buffers += [(f"out{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(out_types)
                     if not out_reduced[k]]
         buffers += [(f"scratch{s}", 4, 1) for s in range(self.slots)]
+        if self.shared_tmp[0]:
+            buffers.append(("sharedTmp (advanced math)", self.shared_tmp[0], 1))
         fixed = 32 * len(self.reductions) + 32 * tiling.BUFFER_NUM * sum(out_reduced)
+        fixed += self.shared_tmp[1]
         fixed += 32 if any(op == "Mean" for _, op in self.reductions) else 0
         fixed += 32 * self.row_bufs
         ub = tiling.plan_ub(buffers, fixed)
@@ -450,6 +471,14 @@ class _Flat:
             index = "o" if self.patterns[ref.index] == "col" else "0"
             self._vec(f"Duplicate({view}, static_cast<{ctype}>(in{ref.index}Gm.GetValue({index})), cn);")
             loc[ref] = (view, ctype, slot)
+        if ref not in loc and self.p.inputs[ref.index].dtype == "bool":
+            # uint8 0/1 -> half -> float 0/1 (the vector Cast has no uint8 -> float)
+            tmp, slot = self._alloc(), self._alloc()
+            view, hview = self._view(slot, "float"), self._view(tmp, "half")
+            self._vec(f"Cast({hview}, x{ref.index}, RoundMode::CAST_NONE, cn);",
+                      f"Cast({view}, {hview}, RoundMode::CAST_NONE, cn);")
+            self._release(tmp)
+            loc[ref] = (view, "float", slot)
         if ref not in loc:  # a 16-bit input: widen it into a scratch slot
             slot = self._alloc()
             view = self._view(slot, "float")
@@ -478,6 +507,9 @@ class _Flat:
         why = opmap.refusal(inst.op, "float")
         if why:
             raise _Refused(f"%{k} = {why}")
+        if mapping.tile_only or inst.dtype == "bool":
+            raise _Refused(f"%{k} = {inst.op} on reduced values: it needs whole 256-byte repeats "
+                           "(Compare) or a tile-sized temp buffer, not the one lane of RowEnd")
         args = []
         for o in inst.operands:
             if isinstance(o, ir.Ref):
@@ -521,6 +553,8 @@ class _Flat:
             members.append(f"  TQue<TPosition::VECOUT, BUFFER_NUM> outQue{k};")
             members.append(f"  GlobalTensor<{t}> out{k}Gm;")
         members += [f"  TBuf<TPosition::VECCALC> calc{s};" for s in range(self.slots)]
+        if self.shared_tmp[0]:
+            members.append("  TBuf<TPosition::VECCALC> sharedTmpBuf;  // advanced math temp buffer")
         members += [f"  TBuf<TPosition::VECCALC> accBuf{a};  // row accumulator of %{op}"
                     for a, op in self.reductions]
         has_mean = any(op == "Mean" for _, op in self.reductions)
@@ -554,6 +588,9 @@ class _Flat:
             init.append("    pipe.InitBuffer(rowTmp, 32);")
         init += [f"    pipe.InitBuffer(rowBuf{i}, 32);" for i in range(self.row_bufs)]
         init += [f"    pipe.InitBuffer(calc{s}, t.tileLength * 4);" for s in range(self.slots)]
+        if self.shared_tmp[0]:
+            init.append(f"    pipe.InitBuffer(sharedTmpBuf, t.tileLength * {self.shared_tmp[0]} + "
+                        f"{self.shared_tmp[1]});")
 
         def copy_in(k, t):
             if not self.queued[k]:
@@ -594,6 +631,8 @@ class _Flat:
             compute.insert(0, "    PipeBarrier<PIPE_V>();  // the accumulators were written by the last tile")
         for (slot, ctype), view in sorted(self.views.items()):
             compute.append(f"    LocalTensor<{ctype}> {view} = calc{slot}.Get<{ctype}>();")
+        if self.shared_tmp[0]:
+            compute.append("    LocalTensor<uint8_t> sharedTmp = sharedTmpBuf.Get<uint8_t>();")
         compute += [f"    {s}" for s in self.body]
         compute += [f"    outQue{k}.EnQue(y{k});" for k in range(nout) if not out_red[k]]
         compute += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin) if self.queued[k]]

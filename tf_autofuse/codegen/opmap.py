@@ -41,14 +41,22 @@ class Mapping:
     temps: object  # scratch tensors it needs: an int, or T -> int
     emit: Callable  # (T, dst, srcs, n, tmps) -> list of statements
     apis: tuple  # Ascend C APIs it uses (docs)
+    # advanced math: the API's shared temp buffer, as (bytes per tile element, fixed extra bytes);
+    # the generator reserves one such buffer (`sharedTmp`, LocalTensor<uint8_t>) and counts it in
+    # the UB plan. None: no shared temp buffer.
+    shared_tmp: Optional[tuple] = None
+    # needs whole 256-byte repeats (Compare) or a tile-sized temp buffer: not generated on the one
+    # lane of the reduce schedule's RowEnd.
+    tile_only: bool = False
 
 
 _TABLE: dict = {}
 _REFUSED: dict = {}
 
 
-def _add(op, types, temps, apis, emit):
-    _TABLE[op] = Mapping(op, frozenset(types), temps, emit, tuple(apis))
+def _add(op, types, temps, apis, emit, shared_tmp=None, tile_only=False):
+    _TABLE[op] = Mapping(op, frozenset(types), temps, emit, tuple(apis), shared_tmp,
+                         tile_only or shared_tmp is not None)
 
 
 def _refuse(op, reason):
@@ -149,11 +157,6 @@ for _op, _api, _types in (("Add", "Add", ARITH), ("Sub", "Sub", ARITH), ("Mul", 
 _add("SquaredDifference", ARITH, 1, ["Sub", "Mul"], lambda T, d, s, n, t: [
     f"Sub({t[0]}, {s[0]}, {s[1]}, {n});", f"Mul({d}, {t[0]}, {t[0]}, {n});"])
 
-# ---- not generated (yet) ----------------------------------------------------------------------
-_NEEDS_SELECT = "produces or reads bool values (Compare masks as bytes), which are not generated yet"
-_NEEDS_ADV = ("needs the advanced math library (%s) with a sized shared temp buffer, which the "
-              "generator does not emit yet")
-
 def _rounding(mode):
     # |x| < 2^23 ? float(int32 round(x)) : x  (larger floats, inf and NaN are already "integral"),
     # then x's sign bit: floor(-0.0) = -0.0, ceil(-0.5) = -0.0. Views are named (vector APIs take
@@ -181,18 +184,140 @@ def _rounding(mode):
 
 
 for _op, _mode in (("Floor", "CAST_FLOOR"), ("Ceil", "CAST_CEIL"), ("Round", "CAST_RINT")):
-    _add(_op, FLOAT, 3, ["Abs", "Duplicate", "Compare", "Cast", "Select", "And", "Or"], _rounding(_mode))
-for _op in ("FloorDiv", "FloorMod"):
-    _refuse(_op, "not generated yet (it would be Div followed by Floor's Compare/Select composition)")
-for _op in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "Select",
-            "IsNan", "IsInf", "IsFinite", "LogicalNot", "LogicalAnd", "LogicalOr"):
-    _refuse(_op, _NEEDS_SELECT)
-for _op, _api in (("Erf", "Erf"), ("Erfc", "Erfc"), ("Sin", "Sin"), ("Cos", "Cos"), ("Tan", "Tan"),
-                  ("Atan", "Atan"), ("Pow", "Power")):
-    _refuse(_op, _NEEDS_ADV % _api)
-_refuse("Cast", "Cast between program dtypes is not generated yet")
-_refuse("ZerosLike", "not generated yet (a Duplicate; bool outputs are not generated yet)")
-_refuse("OnesLike", "not generated yet (a Duplicate; bool outputs are not generated yet)")
+    _add(_op, FLOAT, 3, ["Abs", "Duplicate", "Compare", "Cast", "Select", "And", "Or"], _rounding(_mode),
+         tile_only=True)
+
+# ---- bool values, Cast, fills, FloorDiv, advanced math ------------------------------------------
+# bool representation: 1 byte 0/1 in GM (uint8_t, TF's layout); in UB a bool value is a float 0.0 /
+# 1.0 tile (ascendc.STORAGE["bool"] == "float"), so that LogicalAnd/Or/Not are Mul/Max/1-x and a
+# condition is turned into a Compare mask only where Select needs one. Compare writes one bit per
+# element and takes a count whose bytes are a multiple of 256 (tiles are padded to 128 elements).
+I32_FLOAT = frozenset({"float", "int32_t"})
+
+
+def _select01(d, t, n, negate=False):
+    """d = mask bit (in t[0]) ? 1.0 : 0.0 (0.0 : 1.0 when negated); t[1] holds the ones."""
+    hit, miss = (0, 1) if negate else (1, 0)
+    return [f"Duplicate({d}, {lit('float', miss)}, {n});",
+            f"{{ LocalTensor<float> o = {t[1]}.ReinterpretCast<float>(); "
+            f"Duplicate(o, {lit('float', hit)}, {n}); }}",
+            f"{{ LocalTensor<uint8_t> m = {t[0]}.ReinterpretCast<uint8_t>(); "
+            f"LocalTensor<float> o = {t[1]}.ReinterpretCast<float>(); "
+            f"Select({d}, m, o, {d}, SELMODE::VSEL_TENSOR_TENSOR_MODE, {n}); }}"]
+
+
+def _compare(mode, negate=False):
+    def emit(T, d, s, n, t):
+        return [f"{{ LocalTensor<uint8_t> m = {t[0]}.ReinterpretCast<uint8_t>(); "
+                f"Compare(m, {s[0]}, {s[1]}, CMPMODE::{mode}, {n}); }}"] + _select01(d, t, n, negate)
+    return emit
+
+
+# float compares: Compare takes half/float with every CMPMODE (f16/bf16 values are compared
+# widened to fp32, which is exact). int32: the A2/A3 Compare takes int32 with CMPMODE::EQ only (and
+# int32 through fp32 is inexact above 2^24), so the order comes from Max/Min and an EQ:
+# x > y = !(max(x, y) == y), x >= y = max(x, y) == x, x < y = !(min(x, y) == y), x <= y = min(x, y) == x.
+def _ordered(mode):
+    api, other, negate = {"GT": ("Max", 1, True), "GE": ("Max", 0, False),
+                          "LT": ("Min", 1, True), "LE": ("Min", 0, False)}[mode]
+
+    def emit(T, d, s, n, t):
+        if T != "int32_t":
+            return _compare(mode)(T, d, s, n, t)
+        return [f"{api}({t[2]}, {s[0]}, {s[1]}, {n});",
+                f"{{ LocalTensor<uint8_t> m = {t[0]}.ReinterpretCast<uint8_t>(); "
+                f"Compare(m, {t[2]}, {s[other]}, CMPMODE::EQ, {n}); }}"] + _select01(d, t, n, negate)
+    return emit
+
+
+for _op, _mode in (("Greater", "GT"), ("GreaterEqual", "GE"), ("Less", "LT"), ("LessEqual", "LE")):
+    _add(_op, I32_FLOAT, lambda T: 3 if T == "int32_t" else 2,
+         ["Compare", "Duplicate", "Select", "Max" if _mode[0] == "G" else "Min"], _ordered(_mode),
+         tile_only=True)
+_add("Equal", I32_FLOAT, 2, ["Compare", "Duplicate", "Select"], _compare("EQ"), tile_only=True)
+# x != y is !(x == y) for int32 (no NE on int32); float NE is true for NaN, as TF's
+_add("NotEqual", I32_FLOAT, 2, ["Compare", "Duplicate", "Select"],
+     lambda T, d, s, n, t: (_compare("EQ", negate=True) if T == "int32_t" else _compare("NE"))(T, d, s, n, t),
+     tile_only=True)
+
+
+def _inf_into(view, n):
+    return (f"{{ LocalTensor<int32_t> i = {view}.ReinterpretCast<int32_t>(); "
+            f"Duplicate(i, (int32_t)(0x7f800000), {n}); }}")  # +inf, as bits
+
+
+_add("IsNan", FLOAT, 2, ["Compare", "Duplicate", "Select"], lambda T, d, s, n, t: (
+    [f"{{ LocalTensor<uint8_t> m = {t[0]}.ReinterpretCast<uint8_t>(); "
+     f"Compare(m, {s[0]}, {s[0]}, CMPMODE::NE, {n}); }}"] + _select01(d, t, n)), tile_only=True)
+
+
+def _vs_inf(mode):
+    def emit(T, d, s, n, t):
+        return [f"Abs({t[2]}, {s[0]}, {n});", _inf_into(t[1], n),
+                f"{{ LocalTensor<uint8_t> m = {t[0]}.ReinterpretCast<uint8_t>(); "
+                f"Compare(m, {t[2]}, {t[1]}, CMPMODE::{mode}, {n}); }}"] + _select01(d, t, n)
+    return emit
+
+
+_add("IsInf", FLOAT, 3, ["Abs", "Duplicate", "Compare", "Select"], _vs_inf("EQ"), tile_only=True)
+_add("IsFinite", FLOAT, 3, ["Abs", "Duplicate", "Compare", "Select"], _vs_inf("LT"), tile_only=True)
+_add("LogicalNot", FLOAT, 0, ["Muls", "Adds"], lambda T, d, s, n, t: [
+    f"Muls({d}, {s[0]}, {lit(T, -1)}, {n});", f"Adds({d}, {d}, {lit(T, 1)}, {n});"])
+_add("LogicalAnd", FLOAT, 0, ["Mul"], lambda T, d, s, n, t: [f"Mul({d}, {s[0]}, {s[1]}, {n});"])
+_add("LogicalOr", FLOAT, 0, ["Max"], lambda T, d, s, n, t: [f"Max({d}, {s[0]}, {s[1]}, {n});"])
+
+
+def _select(T, d, s, n, t):
+    if T == "int32_t":  # y + c * (x - y) in wrapping int32 is exact for c in {0, 1}
+        return [f"Cast({t[0]}, {s[0]}, RoundMode::CAST_RINT, {n});", f"Sub({t[1]}, {s[1]}, {s[2]}, {n});",
+                f"Mul({t[1]}, {t[1]}, {t[0]}, {n});", f"Add({d}, {s[2]}, {t[1]}, {n});"]
+    return [f"Duplicate({t[0]}, {lit(T, 0)}, {n});",
+            f"{{ LocalTensor<uint8_t> m = {t[1]}.ReinterpretCast<uint8_t>(); "
+            f"Compare(m, {s[0]}, {t[0]}, CMPMODE::NE, {n}); }}",
+            f"{{ LocalTensor<uint8_t> m = {t[1]}.ReinterpretCast<uint8_t>(); "
+            f"Select({d}, m, {s[1]}, {s[2]}, SELMODE::VSEL_TENSOR_TENSOR_MODE, {n}); }}"]
+
+
+# the condition (operand 0) is a bool value: a float 0/1 tile
+_add("Select", I32_FLOAT, 2, ["Duplicate", "Compare", "Select", "Cast", "Sub", "Mul", "Add"], _select,
+     tile_only=True)
+_add("ZerosLike", I32_FLOAT, 0, ["Duplicate"], lambda T, d, s, n, t: [f"Duplicate({d}, {lit(T, 0)}, {n});"])
+_add("OnesLike", I32_FLOAT, 0, ["Duplicate"], lambda T, d, s, n, t: [f"Duplicate({d}, {lit(T, 1)}, {n});"])
+
+
+def _cast(T, d, s, n, t, to="f32"):
+    """Cast between float program dtypes, computed in fp32: to f16/bf16 rounds to nearest even
+    (Cast down with CAST_RINT, back up with CAST_NONE), as TF's Cast does."""
+    if to == "f32":
+        return [f"Muls({d}, {s[0]}, {lit(T, 1)}, {n});"]  # keeps -0.0 and NaN
+    narrow = {"f16": "half", "bf16": "bfloat16_t"}.get(to)
+    if narrow is None:
+        raise ValueError(f"Cast to {to} is not generated")
+    return [f"{{ LocalTensor<{narrow}> h = {t[0]}.ReinterpretCast<{narrow}>(); "
+            f"Cast(h, {s[0]}, RoundMode::CAST_RINT, {n}); }}",
+            f"{{ LocalTensor<{narrow}> h = {t[0]}.ReinterpretCast<{narrow}>(); "
+            f"Cast({d}, h, RoundMode::CAST_NONE, {n}); }}"]
+
+
+_add("Cast", FLOAT, 1, ["Cast", "Muls"], _cast)
+# TF's float FloorDiv is floor(x / y): a correctly rounded Div, then Floor's composition.
+_add("FloorDiv", FLOAT, 4, ["Div", "Abs", "Duplicate", "Compare", "Cast", "Select", "And", "Or"],
+     lambda T, d, s, n, t: [f"Div({t[3]}, {s[0]}, {s[1]}, {n});"]
+     + _rounding("CAST_FLOOR")(T, d, [t[3]], n, t[:3]), tile_only=True)
+_refuse("FloorMod", "TF's float FloorMod is the exact fmod remainder with y's sign; x - floor(x/y)*y "
+                    "on the vector unit rounds the product (it can give y instead of 0, or the wrong "
+                    "sign), and there is no vector fmod: not generated")
+
+# Advanced math (the Ascend C math library): each takes a shared temp buffer (LocalTensor<uint8_t>)
+# of at least its maxLiveNodeCount * count * sizeof(float) bytes for fp32 (+ extra bytes), the
+# GetXxxMaxMinTmpSize maximum. The generator reserves that, per tile element, in the UB plan.
+for _op, _api, _nodes in (("Erf", "Erf", 3), ("Erfc", "Erfc", 7), ("Sin", "Sin", 3), ("Cos", "Cos", 3),
+                          ("Tan", "Tan", 4), ("Atan", "Atan", 5)):
+    _add(_op, FLOAT, 0, [_api],
+         lambda T, d, s, n, t, api=_api: [f"{api}({d}, {s[0]}, sharedTmp, {n});"],
+         shared_tmp=(4 * _nodes, 0))
+_add("Pow", FLOAT, 0, ["Power"], lambda T, d, s, n, t: [f"Power({d}, {s[0]}, {s[1]}, sharedTmp, {n});"],
+     shared_tmp=(4 * 4, 256))
 
 
 def temps_for(mapping: Mapping, ctype: str) -> int:

@@ -19,7 +19,8 @@ from . import build as _build
 from . import tiling as _tiling
 from .ascendc import Kernel
 
-NUMPY = {"half": np.float16, "bfloat16_t": np.uint16, "float": np.float32, "int32_t": np.int32}
+NUMPY = {"half": np.float16, "bfloat16_t": np.uint16, "float": np.float32, "int32_t": np.int32,
+         "uint8_t": np.uint8}  # uint8_t: bool, 1 byte 0/1 (numpy bool arrays in, bool arrays out)
 CXXFLAGS = ["-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wno-unused-variable",
             "-Wno-unused-but-set-variable"]
 
@@ -210,6 +211,7 @@ class TwinLibrary:
 
     @staticmethod
     def _shaped(kernel: Kernel, outs, shape):
+        outs = [o.view(np.bool_) if c == "uint8_t" else o for o, c in zip(outs, kernel.outputs)]
         if kernel.split is None:
             return outs
         red = kernel.out_reduced or (False,) * len(outs)

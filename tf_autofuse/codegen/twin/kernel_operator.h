@@ -710,6 +710,105 @@ void Cast(LocalTensor<D>& dst, const LocalTensor<S>& src, const RoundMode& mode,
   detail::Done(dst, n);
 }
 
+// ---- ops added for opmap coverage ----
+// bool values (uint8 0/1 in GM, float 0/1 in UB), int32 Equal, and the advanced math library.
+
+// int32 Compare: the A2/A3 vector Compare takes int32 with CMPMODE::EQ only; same 256-byte rule.
+inline void Compare(LocalTensor<uint8_t>& dst, const LocalTensor<int32_t>& a, const LocalTensor<int32_t>& b,
+                    CMPMODE mode, uint32_t count) {
+  if (mode != CMPMODE::EQ) twin::Fail("Compare: int32 takes CMPMODE::EQ only");
+  if ((count * sizeof(int32_t)) % 256) twin::Fail("Compare: count * sizeof(T) must be a multiple of 256 bytes");
+  int32_t n = static_cast<int32_t>(count);
+  detail::Read(a, n, "Compare");
+  detail::Read(b, n, "Compare");
+  std::vector<int32_t> x(a.Data(n, "Compare"), a.Data(n, "Compare") + n), y(b.Data(n, "Compare"), b.Data(n, "Compare") + n);
+  uint8_t* m = detail::Write(dst, n / 8, "Compare");
+  for (int32_t i = 0; i < n; ++i) {
+    if (x[i] == y[i]) m[i / 8] |= uint8_t(1u << (i % 8)); else m[i / 8] &= uint8_t(~(1u << (i % 8)));
+  }
+  detail::Done(dst, n / 8);
+}
+
+// uint8 -> half (exact, CAST_NONE) and half -> uint8 (a rounding mode; out-of-range saturates to
+// [0, 255]). There is no direct uint8 <-> float conversion.
+inline void Cast(LocalTensor<half>& dst, const LocalTensor<uint8_t>& src, const RoundMode& mode, const uint32_t count) {
+  if (mode != RoundMode::CAST_NONE) twin::Fail("Cast uint8->half takes CAST_NONE");
+  int32_t n = static_cast<int32_t>(count);
+  detail::Read(src, n, "Cast");
+  std::vector<uint8_t> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
+  half* d = detail::Write(dst, n, "Cast");
+  for (int32_t i = 0; i < n; ++i) d[i] = half(static_cast<float>(tmp[i]));
+  detail::Done(dst, n);
+}
+inline void Cast(LocalTensor<uint8_t>& dst, const LocalTensor<half>& src, const RoundMode& mode, const uint32_t count) {
+  if (mode == RoundMode::CAST_NONE || mode == RoundMode::CAST_ODD) twin::Fail("Cast half->uint8 needs a rounding mode");
+  int32_t n = static_cast<int32_t>(count);
+  detail::Read(src, n, "Cast");
+  std::vector<half> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
+  uint8_t* d = detail::Write(dst, n, "Cast");
+  for (int32_t i = 0; i < n; ++i) {
+    int32_t r = TwinRound(static_cast<float>(tmp[i]), mode);
+    d[i] = static_cast<uint8_t>(r < 0 ? 0 : r > 255 ? 255 : r);
+  }
+  detail::Done(dst, n);
+}
+
+// Advanced math: dst = f(src) with a caller-provided shared temp buffer. The generator reserves
+// the GetXxxMaxMinTmpSize maximum (maxLiveNodeCount * count * sizeof(T), + extra bytes); the twin
+// checks that size, that the buffer is a separate tensor, and clobbers it. Values come from libm
+// in fp32: the hardware's polynomial approximations may differ in the last bits.
+namespace detail {
+template <typename T>
+void CheckSharedTmp(const LocalTensor<uint8_t>& tmp, const std::vector<uint32_t>& others, int32_t n,
+                    uint32_t nodes, uint32_t extra, const char* api) {
+  uint64_t need = static_cast<uint64_t>(nodes) * (n * sizeof(T) > 256 ? n * sizeof(T) : 256) + extra;
+  if (tmp.GetSize() < need)
+    twin::Fail(std::string(api) + ": sharedTmpBuffer of " + std::to_string(tmp.GetSize()) + " bytes, " +
+               std::to_string(need) + " needed for " + std::to_string(n) + " elements");
+  for (uint32_t off : others)
+    if (Overlaps(tmp.UbOffset(), static_cast<uint32_t>(need), off, n * sizeof(T)))
+      twin::Fail(std::string(api) + ": sharedTmpBuffer overlaps src or dst");
+  uint8_t* p = Write(tmp, static_cast<int32_t>(need), api);
+  std::memset(p, 0xC3, need);
+  Done(tmp, static_cast<int32_t>(need));
+}
+template <typename T, typename F>
+void AdvUnary(LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<uint8_t>& tmp, uint32_t count,
+              uint32_t nodes, const char* api, F f) {
+  int32_t n = static_cast<int32_t>(count);
+  Read(s, n, api);
+  Read(tmp, 0, api);
+  CheckSharedTmp<T>(tmp, {s.UbOffset(), d.UbOffset()}, n, nodes, 0, api);
+  Unary(d, s, n, api, f);
+}
+}  // namespace detail
+#define TWIN_ADV_UNARY(NAME, NODES, FN)                                                                  \
+  template <typename T, bool isReuseSource = false>                                                      \
+  void NAME(LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<uint8_t>& tmp, const uint32_t n) { \
+    TWIN_FLOAT_ONLY(T, #NAME);                                                                           \
+    detail::AdvUnary(d, s, tmp, n, std::is_same<T, float>::value ? NODES : 2 * NODES, #NAME,            \
+                     [](float x) { return FN; });                                                        \
+  }
+TWIN_ADV_UNARY(Erf, 3, std::erf(x))
+TWIN_ADV_UNARY(Erfc, 7, std::erfc(x))
+TWIN_ADV_UNARY(Sin, 3, std::sin(x))
+TWIN_ADV_UNARY(Cos, 3, std::cos(x))
+TWIN_ADV_UNARY(Tan, 4, std::tan(x))
+TWIN_ADV_UNARY(Atan, 5, std::atan(x))
+#undef TWIN_ADV_UNARY
+// Power(tensor, tensor): fp32 needs 4 live nodes + 256 bytes.
+template <typename T, bool isReuseSource = false>
+void Power(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const LocalTensor<uint8_t>& tmp,
+           const uint32_t count) {
+  static_assert(detail::OneOf<T, float>(), "the twin models Power on float only");
+  int32_t n = static_cast<int32_t>(count);
+  detail::Read(a, n, "Power");
+  detail::Read(b, n, "Power");
+  detail::CheckSharedTmp<T>(tmp, {a.UbOffset(), b.UbOffset(), d.UbOffset()}, n, 4, 256, "Power");
+  detail::Binary(d, a, b, n, "Power", [](float x, float y) { return std::pow(x, y); });
+}
+// ---- end of ops added for opmap coverage ----
+
 }  // namespace AscendC
 
 // ---- running blocks ----------------------------------------------------------------------------
