@@ -1585,6 +1585,18 @@ def test_node_with_too_many_inputs_alone_fuses_with_its_producer():
     assert not rewriter.rewrite(result.graph_def, preserve=["y"], flags=flags).fusions
 
 
+@pytest.mark.parametrize("model", ["latency", "memory_bandwidth", "compute_density"])
+def test_cost_model_merges_a_node_that_does_not_lower_alone(model):
+    """x + (x + x) with max_input_nums_after_fuse=1: c does not lower alone (two inputs), so its
+    group has no program of its own to weigh a merge against. Every cost model lets the merge
+    through (it is the only way c fuses) instead of failing the pass."""
+    g = graph(placeholder("x", F32, (4, 3)), node("b", "AddV2", ["x", "x"]),
+              node("c", "AddV2", ["x", "b"]), node("y", "Exp", ["c"]))
+    flags = types.SimpleNamespace(max_input_nums_after_fuse=1, max_fusion_size=2, cost_model=model)
+    result = rewriter.rewrite(g, preserve=["y"], flags=flags)
+    assert [f.nodes for f in result.fusions] == [("b", "c")]
+
+
 def test_two_groups_absorbing_one_view_both_stay():
     """Regression (found by tests/test_random_graphs.py): a view node absorbed by a group and by
     another that recomputes its consumer was the first member of both, and the splice kept only

@@ -5,9 +5,10 @@ A node is a candidate when the catalog supports its op for its dtype (a
 (reductions need `--autofuse_enable_pass=reduce`), it sits on a CPU, the caller does not feed
 it, and it is not inside `disable_autofuse()` nor listed in `--skip_node_names_cfg`. Whether it
 lowers to a valid program (lower.build: shapes that provably broadcast, Const axes, ...) is
-checked on its own and then for every merge: a node that does not lower alone (x - max(x) of an
-input of unknown batch size: the max, read from outside, has sizes of its own) may lower with
-its producer in the group, and only a group that lowers is fused.
+checked for every merge (the union is lowered), and on its own only for a node left alone or
+when a cost model weighs a merge: a node that does not lower alone (x - max(x) of an input of
+unknown batch size: the max, read from outside, has sizes of its own) may lower with its
+producer in the group, and only a group that lowers is fused.
 
 Groups grow greedily in topological order: each candidate starts a group of its own, then
 takes in the group of each of its data producers, one at a time, unless the two differ in
@@ -168,6 +169,23 @@ def find_groups(
     # same group the sizes are one symbol and the inputs fewer, so such a node stays a
     # candidate and fuses if a merge lowers; alone, this is its refusal.
     alone: dict[str, str] = {}
+
+    def lower_alone(group: Group) -> Optional[Lowered]:
+        """A one-member group's own program (cached), None when it does not lower alone."""
+        name = group.members[0]
+        if group.lowered is None and len(group.members) == 1 and name not in alone:
+            try:
+                group.lowered = build(view, [name], policy.preserve, feeds=policy.feeds)
+            except Unfusible as err:
+                alone[name] = str(err)
+                if alone[name].startswith(f"{name}: "):
+                    alone[name] = alone[name][len(name) + 2:]
+            if group.lowered is not None and len(group.lowered.inputs) > policy.max_inputs:
+                # with a producer in the group, its inputs may be fewer: x + f(x) reads x once
+                alone[name] = _too_many(len(group.lowered.inputs), policy)
+                group.lowered = None
+        return group.lowered
+
     candidate_types = catalog.candidate_op_types()
     excluded = dict(policy.excluded)
     for name in view.order:
@@ -179,33 +197,23 @@ def find_groups(
             continue
         reason = _refuse_candidate(view, name, feeds, policy)
         size = len(compute_ops(view, name))
-        lowered = None
         if reason is None and size > policy.max_fusion_size:
             reason = f"group full (max_fusion_size={policy.max_fusion_size})"
-        if reason is None:
-            try:
-                lowered = build(view, [name], policy.preserve, feeds=policy.feeds)
-            except Unfusible as err:
-                alone[name] = str(err)
-                if alone[name].startswith(f"{name}: "):
-                    alone[name] = alone[name][len(name) + 2:]
-        if reason is None and lowered is not None and len(lowered.inputs) > policy.max_inputs:
-            # with a producer in the group, its inputs may be fewer: x + f(x) reads x once
-            alone[name] = _too_many(len(lowered.inputs), policy)
-            lowered = None
         if reason is not None:
             refusals.append(Refusal(name, reason))
             continue
         node = view.node(name)
         entry = catalog.tf_op(node.op)
         dtype = entry.compute_dtype(node) if entry is not None else view.dtype(name)
-        group = Group([name], dtype, view.device(name), size, lowered)
+        # Lowered on its own only when needed (a cost model's estimate, or a node that stays
+        # alone): most candidates join a group, and a merge lowers the union anyway.
+        group = Group([name], dtype, view.device(name), size, None)
         group_of[name] = group
         for producer, _ in view.data_inputs(name):
             other = group_of.get(producer)
             if other is None or other is group:
                 continue
-            reason, lowered = _refuse_merge(view, group, other, producer, policy)
+            reason, lowered = _refuse_merge(view, group, other, producer, policy, lower_alone)
             if reason is not None:
                 merge_refusals.append((len(refusals), producer))
                 refusals.append(Refusal(name, reason))
@@ -224,6 +232,7 @@ def find_groups(
     refused = {r.node for r in refusals}
     for group in dict((id(g), g) for g in group_of.values()).values():
         group.members.sort(key=view.position.get)
+        lower_alone(group)
         if group.size >= 2 and group.lowered is not None:
             groups.append(group)
         elif len(group.members) == 1 and group.members[0] in alone:
@@ -238,7 +247,7 @@ def _too_many(count: int, policy: Policy) -> str:
     return f"too many inputs ({count} > max_input_nums_after_fuse={policy.max_inputs})"
 
 
-def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Policy):
+def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Policy, lower_alone):
     if other.device != group.device:
         return f"device {group.device!r} differs from {other.device!r} of {producer}'s group", None
     if group.size + other.size > policy.max_fusion_size:
@@ -254,7 +263,10 @@ def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Polic
         return f"cannot join {producer}'s group: {err}", None
     if len(lowered.inputs) > policy.max_inputs:
         return _too_many(len(lowered.inputs), policy), None
-    if policy.cost_model != cost.NONE:
+    # A group that does not lower on its own runs as TensorFlow's kernels unless this merge is
+    # made: there is nothing to weigh the merge against.
+    if policy.cost_model != cost.NONE and lower_alone(group) is not None \
+            and lower_alone(other) is not None:
         apart = (cost.estimate(view, group.members, group.lowered)
                  + cost.estimate(view, other.members, other.lowered))
         fused = cost.estimate(view, members, lowered)
