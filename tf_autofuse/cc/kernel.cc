@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -56,6 +57,13 @@ using ::tensorflow::shape_inference::ShapeHandle;
 // threads win from ~150 us of single-threaded work (abs on 1M f32, abs->relu->exp on 300K)
 // and lose below (abs on 300K, abs->relu->exp on 100K: the wake-up takes ~30-40 us).
 constexpr int64_t kInlineCost = 2'000'000;
+// The cost units are rough (an erfc costs 4 or 40 adds depending on the machine), so each kernel
+// also times its inline runs: once one run has shown what a unit costs here, a run whose
+// predicted single-threaded time passes kParallelNs goes to the pool (two threads save half of
+// it, less the wake-up), whatever its estimated cost. Runs below kTimedCost are not timed (too
+// short to measure).
+constexpr double kParallelNs = 100'000;
+constexpr int64_t kTimedCost = 100'000;
 
 // The node attr naming the NPU kernel library of the program (codegen/cann.py). Attrs starting
 // with '_' need no declaration in the op registration: TensorFlow keeps them on the NodeDef.
@@ -432,9 +440,25 @@ class AutofuseKernelOp : public OpKernel {
     const int64_t num_items = interpreter_->NumItems(run);
     if (num_items == 0) return;
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-    if (interpreter_->TotalCost(run) < kInlineCost || num_items == 1 || workers == nullptr ||
-        workers->NumThreads() <= 1) {
+    const int64_t cost = interpreter_->TotalCost(run);
+    bool inline_run = num_items == 1 || workers == nullptr || workers->NumThreads() <= 1;
+    if (!inline_run) {
+      const double ns_per_cost = ns_per_cost_.load(std::memory_order_relaxed);
+      inline_run = ns_per_cost > 0 ? cost * ns_per_cost < kParallelNs : cost < kInlineCost;
+    }
+    if (inline_run) {
+      const auto start = std::chrono::steady_clock::now();
       interpreter_->RunItems(run, io, 0, num_items);
+      if (cost >= kTimedCost) {
+        const double ns = std::chrono::duration<double, std::nano>(
+                              std::chrono::steady_clock::now() - start).count();
+        // the fastest run seen: a run the OS preempted only looks slower
+        double seen = ns_per_cost_.load(std::memory_order_relaxed);
+        const double rate = ns / static_cast<double>(cost);
+        while ((seen == 0 || rate < seen) &&
+               !ns_per_cost_.compare_exchange_weak(seen, rate, std::memory_order_relaxed)) {
+        }
+      }
       return;
     }
     workers->ParallelFor(
@@ -475,6 +499,7 @@ class AutofuseKernelOp : public OpKernel {
   std::unique_ptr<npu::Launcher> npu_;  // null: the CPU path only
   int32_t npu_device_ = 0;
   std::atomic<bool> npu_failed_{false};
+  std::atomic<double> ns_per_cost_{0};  // fastest timed inline run, ns per cost unit; 0: none yet
 };
 
 }  // namespace
