@@ -246,8 +246,16 @@ def as_f64(tensor):
     return tensor.numpy().astype(np.float64)
 
 
-def assert_float_close(fused, unfused, ref, dtype, what, scale=None):
-    """Per element: within _TF_ULPS of TensorFlow, or no less accurate than TensorFlow.
+# Ops whose fp32 kernel has a documented error bound of its own (interpreter.cc), in f32 ulps of
+# the exact value: an element within it passes even where TensorFlow's kernel happens to be
+# closer. Erfc: Eigen's fp32 erfc is within 5.5 ulps everywhere, TensorFlow's up to ~65 off in
+# the tail but ~0.5 where Eigen's is at its worst (x ~ 0.97).
+_BOUND_ULPS = {"Erfc": 6}
+
+
+def assert_float_close(fused, unfused, ref, dtype, what, scale=None, bound_ulps=0):
+    """Per element: within _TF_ULPS of TensorFlow, or no less accurate than TensorFlow, or (for
+    f32 and the 16-bit types) within `bound_ulps` f32 ulps of the reference.
 
     "No less accurate" allows 4 ulps of f32 (of f64 for f64) of slack. Ulps are measured at the
     result, or at `scale` when the result comes out of a cancellation (a + b with a ~ -b).
@@ -262,6 +270,8 @@ def assert_float_close(fused, unfused, ref, dtype, what, scale=None):
         close_tf = np.abs(f - t) <= _TF_ULPS[dtype] * ulp(at_t, dtype)
         slack = 4 * ulp(at_r, "f64" if dtype == "f64" else "f32")
         as_accurate = np.abs(f - r) <= np.abs(t - r) + slack
+        if bound_ulps and dtype != "f64":
+            as_accurate |= np.abs(f - r) <= bound_ulps * ulp(at_r, "f32") + ulp(at_r, dtype) / 2
     ok = np.where(nonfinite, same_tf | same_ref, same_tf | close_tf | as_accurate)
     if not ok.all():
         bad = np.flatnonzero(~ok)[:8]
@@ -295,7 +305,8 @@ def check_op(ops, op, dtype, n, seed=0):
         args = [as_f64(x) for x in inputs]
         with np.errstate(all="ignore"):
             ref = op.ref(*args)
-        assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, what)
+        assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, what,
+                           bound_ulps=_BOUND_ULPS.get(op.name, 0))
 
 
 def _cases(sizes, dtypes_for):
@@ -331,6 +342,24 @@ def _large_dtypes(op):
 @pytest.mark.parametrize("op,dtype,n", list(_cases((1_000_003,), _large_dtypes)))
 def test_op_large(ops, op, dtype, n):
     check_op(ops, op, dtype, n)
+
+
+def test_erfc_f32_within_its_bound_over_its_range(ops):
+    """Erfc f32 is Eigen's fp32 erfc: within _BOUND_ULPS of the exact value on a dense grid of
+    its range (near x = 1, where it is at its worst, TensorFlow's kernel is closer; in the tail
+    TensorFlow's is much further off). The grid is what the per-op test samples only sparsely."""
+    x = np.concatenate([np.linspace(0.9, 1.05, 2048), np.linspace(-4, 10, 2048)]).astype(np.float32)
+    program = program_text(["f32[4096]"], ["Erfc in0"], ["%0"])
+    (fused,) = run_fused(ops, program, [tf.constant(x)], [tf.float32])
+    ref = _erfc(x.astype(np.float64))
+    unfused = as_f64(tf.math.erfc(tf.constant(x)))
+    # results in fp32's subnormal range: TensorFlow's threads flush them to zero, and so do ours
+    tiny = ref < 2.0**-126
+    assert np.all(np.abs(as_f64(fused) - ref)[tiny] <= np.abs(unfused - ref)[tiny] + 2.0**-148)
+    err = np.abs(as_f64(fused) - ref) / ulp(ref, "f32")
+    assert err[~tiny].max() <= _BOUND_ULPS["Erfc"]
+    tf_err = np.abs(unfused - ref) / ulp(ref, "f32")
+    assert err[~tiny].mean() <= tf_err[~tiny].mean()  # more accurate than TensorFlow overall
 
 
 # ---------------------------------------------------------------------------------------------

@@ -948,20 +948,16 @@ auto Erf(const Eigen::ArrayBase<X>& x) {
   return Transcendental(x, [](const auto& a) { return a.erf(); },
                         [](double v) { return std::erf(v); });
 }
-// erfc x = 1 - erf x without the cancellation, one precision up: fp32 (and the 16-bit types
-// computed in it) through Eigen's vectorised double erfc, f64 through the C library's long double
-// erfcl. Eigen's fp32 erfc is ~5 ulps off near x = 1 and the double ones (Eigen's, glibc's) up to
-// ~30 ulps in the far tail, where TensorFlow's own kernel is closer.
+// erfc x = 1 - erf x without the cancellation. fp32 (and the 16-bit types computed in it):
+// Eigen's vectorised fp32 erfc, ~1.2 ns an element, within 5.5 ulps of the exact value over
+// its whole range (compiled with FMA; TensorFlow's own fp32 kernel is up to ~65 ulps off in the
+// tail, though closer near x = 1); Eigen's double erfc, an earlier choice, costs 3x. f64: the C
+// library's long double erfcl (the double ones, Eigen's and glibc's, are up to ~30 ulps off in
+// the far tail).
 template <typename T>
 void RunErfc(In<T> x, Out<T> out) {
   if constexpr (std::is_same_v<T, float>) {
-    constexpr int64_t kBlock = 256;
-    Eigen::Array<double, Eigen::Dynamic, 1> wide(std::min<int64_t>(kBlock, x.size()));
-    for (int64_t i = 0; i < x.size(); i += kBlock) {  // a block is read before it is written
-      const int64_t len = std::min<int64_t>(kBlock, x.size() - i);
-      wide.head(len) = x.segment(i, len).template cast<double>();
-      out.segment(i, len) = wide.head(len).erfc().template cast<float>();
-    }
+    out = x.erfc();
   } else {
     out = x.unaryExpr([](T v) { return static_cast<T>(std::erfc(static_cast<long double>(v))); });
   }

@@ -50,7 +50,7 @@ constexpr OpInfo kOps[] = {
     {OpCode::kAtan, "Atan", 1, kFloatTypes, ResultKind::kSame, 26},
     {OpCode::kSinh, "Sinh", 1, kFloatTypes, ResultKind::kSame, 58},
     {OpCode::kCosh, "Cosh", 1, kFloatTypes, ResultKind::kSame, 58},
-    {OpCode::kErfc, "Erfc", 1, kFloatTypes, ResultKind::kSame, 12},
+    {OpCode::kErfc, "Erfc", 1, kFloatTypes, ResultKind::kSame, 4},
     {OpCode::kLeakyRelu, "LeakyRelu", 1, kFloatTypes, ResultKind::kSame, 1},
     {OpCode::kZerosLike, "ZerosLike", 1, kFloatTypes | kI32Type | kBoolType, ResultKind::kSame, 1},
     {OpCode::kOnesLike, "OnesLike", 1, kFloatTypes | kI32Type | kBoolType, ResultKind::kSame, 1},

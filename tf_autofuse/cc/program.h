@@ -71,7 +71,7 @@ struct OpInfo {
   uint8_t dtypes;      // DTypeClass bits allowed for the operands (Select: its x and y)
   ResultKind result;
   int cost;            // per fp32 element, ~0.3 ns single-threaded on the 2-core EPYC VM (Exp 2,
-                       // Erfc 12, Tan 45), for the thread-pool cost model; kernel.cc also times
+                       // Erfc 4, Tan 45), for the thread-pool cost model; kernel.cc also times
                        // runs, so these only need to be right within ~2x
 };
 
