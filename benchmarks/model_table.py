@@ -1,12 +1,13 @@
 """The model table users quote: kernels, peak memory and latency of Keras models under TensorFlow,
 tf_autofuse and XLA, each (model, mode) in a fresh process.
 
-    python benchmarks/model_table.py                       # ResNet50, EfficientNetB0, transformer
+    python benchmarks/model_table.py                       # ResNet50, MobileNetV2, EfficientNetB0, transformer
     python benchmarks/model_table.py --models transformer --steps 50 --json table.json
     python benchmarks/model_table.py --smoke               # tiny transformer, 2 steps (CI)
 
-Models (benchmarks/workloads.py, weights=None, seeded, batch --batch): Keras ResNet50 and
-EfficientNetB0 (224x224x3, logits) and the suite's 2-layer transformer encoder ([128,256]).
+Models (benchmarks/workloads.py, weights=None, seeded, batch --batch): Keras ResNet50,
+MobileNetV2 and EfficientNetB0 (224x224x3, logits) and the suite's 2-layer transformer encoder
+([128,256]).
 `--smoke` runs the transformer at [16,32] only: it checks this script, not the models.
 
 Modes (the environment is set before TensorFlow is imported, so one process per cell):
@@ -51,7 +52,7 @@ from benchmarks import harness  # noqa: E402  (the suite's flags and environment
 from benchmarks import workloads as wl  # noqa: E402
 
 PREFIX = "MODEL_TABLE "
-MODELS = ("resnet50", "efficientnetb0", "transformer")
+MODELS = ("resnet50", "mobilenetv2", "efficientnetb0", "transformer")
 MODES = ("tf", "autofuse", "xla")
 LABELS = {"tf": "TensorFlow (no fusion)", "autofuse": "tf_autofuse", "xla": "XLA auto-jit"}
 ENV = {"tf": {}, "autofuse": {"AUTOFUSE_FLAGS": harness.AUTOFUSE_FLAGS_WANTED},
