@@ -39,6 +39,8 @@ def _initialise() -> bool:
     except BuildError as err:
         warn_once(f"the kernel library is not available, nothing will be fused: {err}")
         return False
+    if process_flags.kernel_profile:
+        _native.set_kernel_profile(process_flags.kernel_profile)
     if process_flags.enable_autofuse:
         if _native.register_cpu_plugin() == "taken":
             warn_once(

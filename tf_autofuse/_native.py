@@ -51,6 +51,13 @@ def load():
         return _module
 
 
+def set_kernel_profile(path: str) -> None:
+    """AUTOFUSE_DFX_FLAGS=--kernel_profile=FILE: kernels built from now on time every step, and
+    the CSV is written to `path` when the process exits (cc/kernel_profile.h)."""
+    load()
+    _cdll.autofuse_set_kernel_profile(os.path.abspath(path).encode())
+
+
 def register_cpu_plugin() -> str:
     """Register the bridge as the CPU plugin optimizer.
 

@@ -176,6 +176,10 @@ _SPECS: dict[str, _Spec] = {
         FLAGS_ENV, _parse_cost_model, "one of " + ", ".join(COST_MODELS), "none",
         "the partitioner's cost model (README, API: cost models); none fuses whatever the "
         "limits allow"),
+    "kernel_profile": _Spec(
+        DFX_FLAGS_ENV, _parse_path, "a file path", None,
+        "time every step of every fused kernel built afterwards and write a CSV there at "
+        "process exit (process-wide, read at import)"),
     "skip_node_names_cfg": _Spec(
         DFX_FLAGS_ENV, _parse_path, "the path of an ini file with [ByNodeName] and "
         "[ByNodeType] sections", None,
@@ -200,6 +204,7 @@ class Flags:
     recomputation_threshold: int = 0
     max_input_nums_after_fuse: int = 8
     skip_node_names_cfg: Optional[SkipList] = None
+    kernel_profile: Optional[str] = None
     autofuse_enhance_precision_blacklist: frozenset = frozenset()
     cost_model: str = "none"
 

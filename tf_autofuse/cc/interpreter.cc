@@ -67,6 +67,7 @@
 #include "interpreter.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -2096,7 +2097,55 @@ struct Frame {
   bool lanes;  // a row reduction (inner == 1): reduced values are scalars in full passes
   bool rows;   // row-group mode: tiles of whole rows, reduced values expanded per row
   bool cols;   // column-group mode: tiles of whole inner blocks, reduced values tiled
+  KernelProfile* profile;  // --kernel_profile: time every step; null: off
 };
+
+std::string LocString(const Loc& loc) {
+  switch (loc.kind) {
+    case Loc::Kind::kSlot:
+      return absl::StrCat("slot", loc.index);
+    case Loc::Kind::kInput:
+      return absl::StrCat("in", loc.index);
+    case Loc::Kind::kOutput:
+      return absl::StrCat("out", loc.index);
+    case Loc::Kind::kReduced:
+      return absl::StrCat("reduced", loc.index);
+    case Loc::Kind::kAccumulator:
+      return absl::StrCat("acc", loc.index);
+    case Loc::Kind::kImmediate:
+      return "imm";
+  }
+  return "?";
+}
+
+// What a step does, for the kernel profile: "Exp slot1 <- slot0", "load in0 (f16)"...
+std::string StepLabel(const Step& step) {
+  std::vector<std::string> srcs;
+  for (int i = 0; i < step.num_src; ++i) srcs.push_back(LocString(step.src[i]));
+  const std::string from = absl::StrJoin(srcs, ", ");
+  switch (step.kind) {
+    case Step::Kind::kLoad:
+      return absl::StrCat("load ", LocString(step.src[0]), " (", DTypeName(step.dtype), ")");
+    case Step::Kind::kBroadcastLoad:
+      return absl::StrCat("broadcast load ", LocString(step.src[0]), " (", DTypeName(step.dtype),
+                          ")");
+    case Step::Kind::kCompute:
+      return absl::StrCat(GetOpInfo(step.op).name, " ", LocString(step.dst), " <- ", from);
+    case Step::Kind::kConvertStore:
+      return absl::StrCat("store ", LocString(step.dst), " (", DTypeName(step.dtype),
+                          step.stream ? ", streaming" : "", ")");
+    case Step::Kind::kCopyStore:
+      return absl::StrCat("copy ", LocString(step.dst), " <- ", from);
+    case Step::Kind::kAccumulate:
+      return absl::StrCat("accumulate ", GetOpInfo(step.op).name, " ", LocString(step.dst),
+                          " <- ", from);
+    case Step::Kind::kFinalize:
+      return absl::StrCat("finalize ", GetOpInfo(step.op).name, " ", LocString(step.dst));
+    case Step::Kind::kExpandReduced:
+      return absl::StrCat("expand ", LocString(step.src[0]), " over its rows");
+  }
+  return "?";
+}
 
 // One tile: `valid` elements from `offset` of the schedule's space (the iteration shape, or the
 // reduced shape in a finalize schedule); compute steps run over `count` >= valid elements (the
@@ -2122,7 +2171,9 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
     return nullptr;
   };
   const bool scalar_reduced = frame.lanes && !frame.rows && !reduced_space;
+  std::chrono::steady_clock::time_point started;
   for (const Step& step : schedule.steps) {
+    if (frame.profile != nullptr) started = std::chrono::steady_clock::now();
     switch (step.kind) {
       case Step::Kind::kLoad:
         LoadTile(step.dtype, address(step.src[0]), address(step.dst), valid, count);
@@ -2175,6 +2226,11 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
                  frame.lanes && !frame.rows, frame.run.reduce);
         break;
       }
+    }
+    if (frame.profile != nullptr) {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - started).count();
+      frame.profile->AddStep(&step, [&step] { return StepLabel(step); }, ns, valid);
     }
   }
 }
@@ -2469,7 +2525,7 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
   const int64_t group = program_.has_reductions() ? RowsPerItem(run, tile) : 1;
   const int64_t blocks = program_.has_reductions() ? BlocksPerTile(run, tile) : 1;
   const Frame frame{run, io, plans, scratch, /*lanes=*/run.inner == 1, /*rows=*/group > 1,
-                    /*cols=*/blocks > 1};
+                    /*cols=*/blocks > 1, profile_};
   auto full_tile = [&](const PassSchedules& s, bool streaming, int64_t offset, int64_t valid) {
     if (valid % kPad == 0) {
       RunSchedule(streaming ? s.streaming : s.direct, frame, false, offset, valid, valid);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernel_profile.h"
 #include "program.h"
 
 namespace tf_autofuse {
@@ -79,11 +80,15 @@ class Interpreter {
   // Results do not depend on how the items are split between calls.
   void RunItems(const RunShape& run, const IoBuffers& io, int64_t first, int64_t last) const;
 
+  // From now on every step of every tile is timed into `profile` (kernel_profile.h); null: off.
+  void set_profile(KernelProfile* profile) { profile_ = profile; }
+
  private:
   const PlanSet& PlansFor(const std::vector<bool>& broadcast) const;
 
   Program program_;
   int64_t cost_per_element_ = 0;
+  KernelProfile* profile_ = nullptr;
   mutable std::mutex mu_;
   mutable std::map<std::vector<bool>, std::unique_ptr<PlanSet>> plans_;
 };

@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "hoist.h"
 #include "interpreter.h"
+#include "kernel_profile.h"
 #include "npu_dispatch.h"  // tf_autofuse/codegen/host (-I added by _build.py)
 #include "program.h"
 #include "tensorflow/core/framework/op.h"
@@ -343,6 +344,11 @@ class AutofuseKernelOp : public OpKernel {
       program = std::move(split.main);
     }
     interpreter_ = std::make_unique<Interpreter>(std::move(program));
+    profile_ = NewKernelProfile(name());  // AUTOFUSE_DFX_FLAGS=--kernel_profile=FILE, else null
+    if (profile_ != nullptr) {
+      interpreter_->set_profile(profile_);
+      if (prologue_ != nullptr) prologue_->set_profile(profile_);
+    }
     if (ctx->HasAttr(kNpuLibraryAttr)) {
       std::string library;
       OP_REQUIRES_OK(ctx, ctx->GetAttr(kNpuLibraryAttr, &library));
@@ -359,6 +365,22 @@ class AutofuseKernelOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
+    if (profile_ == nullptr) {
+      Run(ctx);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    Run(ctx);
+    const int64_t elements = ctx->num_outputs() > 0 && ctx->mutable_output(0) != nullptr
+                                 ? ctx->mutable_output(0)->NumElements()
+                                 : 0;
+    profile_->AddCall(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start).count(),
+                      elements);
+  }
+
+ private:
+  void Run(OpKernelContext* ctx) {
     const Program& program = interpreter_->program();
     std::vector<std::vector<int64_t>> shapes(ctx->num_inputs());
     for (int j = 0; j < num_inputs_; ++j) {
@@ -468,7 +490,6 @@ class AutofuseKernelOp : public OpKernel {
         [&](int64_t first, int64_t last) { interpreter_->RunItems(run, io, first, last); });
   }
 
- private:
   // The NPU path: the launcher copies the host buffers to the device and the results back.
   // false (after one warning, and for good for this kernel) when it fails: run on the CPU.
   bool RunOnNpu(OpKernelContext* ctx, const RunShape& run, const IoBuffers& io) {
@@ -500,6 +521,7 @@ class AutofuseKernelOp : public OpKernel {
   int32_t npu_device_ = 0;
   std::atomic<bool> npu_failed_{false};
   std::atomic<double> ns_per_cost_{0};  // fastest timed inline run, ns per cost unit; 0: none yet
+  KernelProfile* profile_ = nullptr;    // --kernel_profile, else null
 };
 
 }  // namespace

@@ -1,0 +1,70 @@
+"""AUTOFUSE_DFX_FLAGS=--kernel_profile=FILE: every step of every fused kernel timed, one CSV.
+
+Run in a fresh process (the flag is read at import and the file is written at exit)."""
+
+import csv
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    import tf_autofuse
+    tf1 = tf.compat.v1
+    tf_autofuse.compat.enable_v1()
+    x = tf1.placeholder(tf.float16, [128, 192], name="x")
+    b = tf.constant(np.linspace(-1, 1, 192).astype(np.float16))
+    y = tf.reduce_sum(tf.exp(tf.nn.relu(tf.abs(x) + b)), axis=1, name="y")
+    with tf1.Session() as sess:
+        for _ in range(5):
+            sess.run(y, {x: np.ones((128, 192), np.float16)})
+""")
+
+
+def run(tmp_path, dfx):
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               AUTOFUSE_FLAGS="--enable_autofuse=true;--autofuse_enable_pass=reduce",
+               AUTOFUSE_DFX_FLAGS=dfx, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_profile_names_every_step_of_the_fused_kernel(tmp_path):
+    done = run(tmp_path, "--kernel_profile=prof/../kp.csv")  # relative to the cwd at import
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "kernel profile of 1 kernel(s) written to" in done.stderr
+    rows = list(csv.DictReader((tmp_path / "kp.csv").open()))
+    kernels = {r["kernel"] for r in rows}
+    assert kernels == {"autofuse_reduce_0_Abs_AddV2_Relu_Exp_Sum"}
+    call = [r for r in rows if r["step"] == "call"]
+    assert len(call) == 1 and int(call[0]["runs"]) == 5
+    steps = [r for r in rows if r["step"] != "call"]
+    whats = [r["what"] for r in steps]
+    # the f16 input widened, the bias broadcast, each instruction, the row sums, the store
+    assert whats[0] == "load in0 (f16)" and any(w.startswith("broadcast load in1") for w in whats)
+    for op in ("Abs", "Add", "Relu", "Exp"):
+        assert any(w.startswith(op + " ") for w in whats), (op, whats)
+    assert any(w.startswith("accumulate Sum") for w in whats)
+    assert any(w.startswith("store out0 (f16") for w in whats)
+    # every run of a full step covers the tensor once per call
+    assert all(int(r["elements"]) == 5 * 128 * 192 for r in steps if r["what"].startswith("Exp"))
+    assert sum(float(r["share"]) for r in steps) == pytest.approx(1.0, abs=0.01)
+    assert all(float(r["total_us"]) >= 0 for r in rows)
+
+
+def test_profile_off_writes_nothing(tmp_path):
+    done = run(tmp_path, "")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "kernel profile" not in done.stderr and not list(tmp_path.iterdir())
+
+
+def test_empty_path_is_a_flag_error(tmp_path):
+    done = run(tmp_path, "--kernel_profile=")
+    assert done.returncode != 0 and "--kernel_profile" in done.stderr
