@@ -162,6 +162,8 @@ struct Loc {
     kReduced,      // a reduced value's buffer: one element per inner index of the item, or a
                    // scalar when inner == 1 (read as an immediate by full instructions then)
     kAccumulator,  // a reduction's accumulator
+    kKept,         // row-group mode: a full value kept from the pass that computed it for the
+                   // later passes of the same rows (a slot-sized buffer of its own)
   };
   Kind kind = Kind::kSlot;
   int index = 0;       // slot (virtual register while planning), input, output, buffer number
@@ -226,6 +228,10 @@ struct PlanSet {
   // The same full passes for the row-group mode (rows of at most kMaxGroupedRow elements).
   std::vector<PassSchedules> rows_accumulate;
   PassSchedules rows_final;
+  // The column-group mode's (short inner blocks, several per tile): as the row-group ones, but
+  // an item's pass runs over several tiles, so nothing is kept between passes.
+  std::vector<PassSchedules> cols_accumulate;
+  PassSchedules cols_final;
   int num_reduced = 0;                 // reduced-value buffers
   int num_accumulators = 0;
   int64_t tile_size = 0;
@@ -235,6 +241,8 @@ struct PlanSet {
   int64_t accumulator_offset = 0;      // where the accumulators start
   int64_t buffer_bytes = 0;            // one reduced buffer; an accumulator takes two (the
                                        // second holds the compensation of f64 sums/products)
+  int num_kept = 0;                    // row-group mode: kept full values (slot-sized buffers)
+  int64_t kept_offset = 0;             // where they start in the scratch
   int64_t output_bytes = 0;            // per element, full outputs together
   std::vector<std::vector<int>> forwardable;
 };
@@ -286,18 +294,83 @@ struct Pass {
   // Full passes of the row-group mode (short rows, several per tile): reduced values are one per
   // row and are expanded into slots (kExpandReduced) before full instructions read them.
   bool rows = false;
+  bool keep = false;  // row-group mode: values several passes need are kept (PlanKeptValues)
+  // Where the pass runs among the full passes of an item: accumulate level p is p - 1, the
+  // final pass is the number of levels.
+  int order() const { return kind == Kind::kFinal ? -1 : level - 1; }
 };
+
+// The full values a full pass computes when nothing is kept between passes: those its roots
+// (full outputs, or the operands of this level's reductions) depend on through full values.
+std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int level) {
+  const int n = static_cast<int>(program.instructions.size());
+  std::vector<bool> needed(n, false);
+  auto mark = [&](const Operand& x) {
+    if (x.kind == Operand::Kind::kValue && !program.instructions[x.index].reduced) {
+      needed[x.index] = true;
+    }
+  };
+  if (kind == Pass::Kind::kFinal) {
+    for (const Output& out : program.outputs) mark(out.operand);
+  } else {
+    for (const Instruction& inst : program.instructions) {
+      if (IsReduction(inst.op) && !inst.of_reduced && inst.level == level) mark(inst.operands[0]);
+    }
+  }
+  for (int i = n - 1; i >= 0; --i) {
+    if (!needed[i]) continue;
+    const Instruction& inst = program.instructions[i];
+    for (int k = 0; k < inst.num_operands; ++k) mark(inst.operands[k]);
+  }
+  return needed;
+}
+
+// Row-group mode runs every pass of an item over the same tile of whole rows, so a full value
+// that several passes need is computed once, by the first, into a kept buffer that the later ones
+// read (softmax's exp(x - max) for the sum and then for the division; a layer norm's x + bias for
+// the mean, the variance and the output). Per instruction: its kept buffer or -1, and the order
+// of the first pass computing it.
+struct KeptValues {
+  std::vector<int> index;
+  std::vector<int> first_pass;
+  int count = 0;
+};
+
+KeptValues PlanKeptValues(const Program& program, bool has_final) {
+  const int n = static_cast<int>(program.instructions.size());
+  KeptValues kept;
+  kept.index.assign(n, -1);
+  kept.first_pass.assign(n, -1);
+  std::vector<int> passes(n, 0);
+  const int levels = program.num_levels;
+  for (int order = 0; order <= levels; ++order) {
+    if (order == levels && !has_final) break;
+    const std::vector<bool> needed =
+        order < levels ? FullValuesOfPass(program, Pass::Kind::kAccumulate, order + 1)
+                       : FullValuesOfPass(program, Pass::Kind::kFinal, 0);
+    for (int i = 0; i < n; ++i) {
+      if (!needed[i]) continue;
+      if (passes[i]++ == 0) kept.first_pass[i] = order;
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (passes[i] > 1) kept.index[i] = kept.count++;
+  }
+  return kept;
+}
 
 class Planner {
  public:
   Planner(const Program& program, const std::vector<bool>& broadcast, Access access, Pass pass,
-          const std::vector<int>& reduced_index, const std::vector<int>& accumulator_index)
+          const std::vector<int>& reduced_index, const std::vector<int>& accumulator_index,
+          const KeptValues* kept = nullptr)
       : program_(program),
         broadcast_(broadcast),
         access_(access),
         pass_(pass),
         reduced_index_(reduced_index),
-        accumulator_index_(accumulator_index) {}
+        accumulator_index_(accumulator_index),
+        kept_(pass.keep ? kept : nullptr) {}
 
   Schedule Build() {
     const int n = static_cast<int>(program_.instructions.size());
@@ -312,7 +385,12 @@ class Planner {
     } else {
       const std::vector<bool> needed = NeededFullValues();
       for (int i = 0; i < n; ++i) {
-        if (needed[i]) EmitInstruction(i);
+        if (needed[i] && KeptFromEarlier(i)) {
+          value_loc_[i] = KeptLoc(i);
+          if (pass_.kind == Pass::Kind::kFinal) EmitOutputsOf(i, -1);
+        } else if (needed[i]) {
+          EmitInstruction(i);
+        }
         const Instruction& inst = program_.instructions[i];
         if (pass_.kind == Pass::Kind::kAccumulate && IsReduction(inst.op) &&
             !inst.of_reduced && inst.level == pass_.level) {
@@ -336,8 +414,9 @@ class Planner {
     return loc;
   }
 
-  // The full values this pass computes: those its roots (full outputs, or the operands of this
-  // level's reductions) depend on through full values.
+  // The full values this pass computes or reads: those its roots (full outputs, or the operands of
+  // this level's reductions) depend on through full values, stopping at values kept from an
+  // earlier pass.
   std::vector<bool> NeededFullValues() const {
     const int n = static_cast<int>(program_.instructions.size());
     std::vector<bool> needed(n, false);
@@ -356,11 +435,25 @@ class Planner {
       }
     }
     for (int i = n - 1; i >= 0; --i) {
-      if (!needed[i]) continue;
+      if (!needed[i] || KeptFromEarlier(i)) continue;
       const Instruction& inst = program_.instructions[i];
       for (int k = 0; k < inst.num_operands; ++k) mark(inst.operands[k]);
     }
     return needed;
+  }
+
+  // Row-group mode: value i is in its kept buffer, computed by an earlier pass of this item.
+  bool KeptFromEarlier(int i) const {
+    if (kept_ == nullptr || kept_->index[i] < 0) return false;
+    const int order = pass_.kind == Pass::Kind::kFinal ? program_.num_levels : pass_.order();
+    return kept_->first_pass[i] < order;
+  }
+
+  Loc KeptLoc(int i) const {
+    Loc loc;
+    loc.kind = Loc::Kind::kKept;
+    loc.index = kept_->index[i];
+    return loc;
   }
 
   Loc TensorLoc(Loc::Kind kind, int index) const {
@@ -465,15 +558,22 @@ class Planner {
         }
       }
     }
-    step.dst = direct_output >= 0 ? TensorLoc(Loc::Kind::kOutput, direct_output) : NewRegister();
+    const bool kept = kept_ != nullptr && kept_->index[i] >= 0;
+    if (kept) direct_output = -1;  // later passes read it from its buffer
+    step.dst = direct_output >= 0 ? TensorLoc(Loc::Kind::kOutput, direct_output)
+               : kept             ? KeptLoc(i)
+                                  : NewRegister();
     value_loc_[i] = step.dst;
     schedule_.steps.push_back(step);
-    if (pass_.kind != Pass::Kind::kFinal) return;
+    if (pass_.kind == Pass::Kind::kFinal) EmitOutputsOf(i, direct_output);
+  }
 
-    // Every other output of this value: stored right away, so the slot can be released early.
+  // Every output of value i but `written` (final pass): stored right away, so that its slot can
+  // be released early.
+  void EmitOutputsOf(int i, int written) {
     for (size_t k = 0; k < program_.outputs.size(); ++k) {
-      if (!IsOutputOf(program_.outputs[k], i) || static_cast<int>(k) == direct_output) continue;
-      EmitStore(step.dst, inst.dtype, static_cast<int>(k));
+      if (!IsOutputOf(program_.outputs[k], i) || static_cast<int>(k) == written) continue;
+      EmitStore(value_loc_[i], program_.instructions[i].dtype, static_cast<int>(k));
     }
   }
 
@@ -637,6 +737,7 @@ class Planner {
   std::vector<bool> input_loaded_;
   std::vector<Loc> value_loc_;
   std::map<int, Loc> expanded_;
+  const KeptValues* kept_;  // row-group passes only, else null
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -2112,6 +2213,8 @@ std::string LocString(const Loc& loc) {
       return absl::StrCat("reduced", loc.index);
     case Loc::Kind::kAccumulator:
       return absl::StrCat("acc", loc.index);
+    case Loc::Kind::kKept:
+      return absl::StrCat("kept", loc.index);
     case Loc::Kind::kImmediate:
       return "imm";
   }
@@ -2165,6 +2268,8 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
         return frame.scratch + plans.reduced_offset + loc.index * plans.buffer_bytes;
       case Loc::Kind::kAccumulator:
         return frame.scratch + plans.accumulator_offset + loc.index * 2 * plans.buffer_bytes;
+      case Loc::Kind::kKept:
+        return frame.scratch + plans.kept_offset + loc.index * plans.slot_bytes;
       case Loc::Kind::kImmediate:
         break;
     }
@@ -2259,8 +2364,16 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
     if (inst.reduced) reduced_index[i] = set->num_reduced++;
     if (IsReduction(inst.op)) accumulator_index[i] = set->num_accumulators++;
   }
+  set->has_final = !program_.has_reductions();
+  for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
+    if (!program_.OutputReduced(k)) set->has_final = true;
+  }
+  const KeptValues kept = program_.has_reductions() ? PlanKeptValues(program_, set->has_final)
+                                                    : KeptValues();
+  set->num_kept = kept.count;
   auto build = [&](Access access, Pass pass) {
-    return Planner(program_, broadcast, access, pass, reduced_index, accumulator_index).Build();
+    return Planner(program_, broadcast, access, pass, reduced_index, accumulator_index, &kept)
+        .Build();
   };
   auto full_pass = [&](Pass pass) {
     PassSchedules s;
@@ -2270,16 +2383,17 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
     return s;
   };
   const Access staged = {false, false, false};
-  set->has_final = !program_.has_reductions();
-  for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
-    if (!program_.OutputReduced(k)) set->has_final = true;
-  }
   if (set->has_final) set->final = full_pass({Pass::Kind::kFinal, 0});
   if (program_.has_reductions()) {
-    if (set->has_final) set->rows_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/true});
+    if (set->has_final) {
+      set->rows_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/true, /*keep=*/true});
+      set->cols_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/true});
+    }
     for (int p = 1; p <= program_.num_levels; ++p) {
       set->accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p}));
-      set->rows_accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p, /*rows=*/true}));
+      set->rows_accumulate.push_back(
+          full_pass({Pass::Kind::kAccumulate, p, /*rows=*/true, /*keep=*/true}));
+      set->cols_accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p, /*rows=*/true}));
     }
     for (int p = 0; p <= program_.num_levels; ++p) {
       set->finalize.push_back(build(staged, {Pass::Kind::kFinalize, p}));
@@ -2291,9 +2405,13 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
     schedules.insert(schedules.end(), {&s.direct, &s.streaming, &s.staged});
   };
   if (set->has_final) add(set->final);
-  if (set->has_final && program_.has_reductions()) add(set->rows_final);
+  if (set->has_final && program_.has_reductions()) {
+    add(set->rows_final);
+    add(set->cols_final);
+  }
   for (const PassSchedules& s : set->accumulate) add(s);
   for (const PassSchedules& s : set->rows_accumulate) add(s);
+  for (const PassSchedules& s : set->cols_accumulate) add(s);
   for (const Schedule& s : set->finalize) schedules.push_back(&s);
 
   int widest = 4;
@@ -2329,8 +2447,8 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
   set->buffer_bytes = tile * 8;
   set->reduced_offset = most_slots * set->slot_bytes;
   set->accumulator_offset = set->reduced_offset + set->num_reduced * set->buffer_bytes;
-  set->scratch_bytes =
-      set->accumulator_offset + set->num_accumulators * 2 * set->buffer_bytes;
+  set->kept_offset = set->accumulator_offset + set->num_accumulators * 2 * set->buffer_bytes;
+  set->scratch_bytes = set->kept_offset + set->num_kept * set->slot_bytes;
 
   set->forwardable.resize(program_.outputs.size());
   for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
@@ -2341,7 +2459,7 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
         continue;
       }
       bool safe = true;
-      for (const PassSchedules* pass : {&set->final, &set->rows_final}) {
+      for (const PassSchedules* pass : {&set->final, &set->rows_final, &set->cols_final}) {
         for (const Schedule* s : {&pass->direct, &pass->streaming, &pass->staged}) {
           if (s->empty()) continue;
           if (s->last_input_read[j] > s->first_output_write[k]) safe = false;
@@ -2582,12 +2700,15 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
           InitAccumulator(step, acc, acc + plans.buffer_bytes,
                           frame.lanes && !frame.rows ? kLanes : reduced_count);
         }
-        const bool grouped = frame.rows || frame.cols;
-        for_tiles(grouped ? plans.rows_accumulate[p - 1] : plans.accumulate[p - 1], false);
+        for_tiles(frame.rows   ? plans.rows_accumulate[p - 1]
+                  : frame.cols ? plans.cols_accumulate[p - 1]
+                               : plans.accumulate[p - 1],
+                  false);
         finalize(p);
       }
       if (plans.has_final) {
-        for_tiles(frame.rows || frame.cols ? plans.rows_final : plans.final, stream);
+        for_tiles(frame.rows ? plans.rows_final : frame.cols ? plans.cols_final : plans.final,
+                  stream);
       }
     }
   }
