@@ -48,6 +48,7 @@ class Kernel:
     patterns: tuple = ()  # broadcast schedule: per input "full", "row", "col" or "scalar"
     rank: int = 0  # broadcast schedule: rank of the iteration shape
     out_reduced: tuple = ()  # reduce schedule: per output, True when it is a reduced value
+    passes: int = 1  # reduce schedule: passes over each row
 
     @property
     def digest(self) -> str:
@@ -173,11 +174,6 @@ def _reduce_split(program: ir.Program):
         if inst.op not in ir.REDUCTIONS and inst.reduced_shape and reads_reduction:
             return None, None, (f"%{k} = {inst.op} mixes reduced values with inputs read as reduced "
                                 "values: not generated yet")
-        if inst.op not in ir.REDUCTIONS and any(
-                isinstance(o, ir.Ref) and o.kind == "%" and program.insts[o.index].reduced
-                for o in inst.operands):
-            return None, None, (f"%{k} = {inst.op} reads a reduced value over the full shape: "
-                                "multi-pass reductions (softmax, variance) are not generated yet")
     for j, out in enumerate(program.outputs):
         ref = out.ref
         if program.ref_reduced_shape(ref) and not (ref.kind == "%" and program.insts[ref.index].reduced):
@@ -263,13 +259,21 @@ class _Flat:
         self.reductions: list = []  # (accumulator index, op)
         self.acc_of: dict = {}  # instruction index -> accumulator index
         # arithmetic on reduced values, done once a row in RowEnd on 32-byte buffers (rowBuf<i>)
-        self.row_body: list = []
+        self.row_bodies: list = []  # per pass: RowEnd statements
+        self.row_pass = 0  # the pass whose RowEnd _row_vec appends to
         self.row_bufs = 0
         self.row_loc: dict = {}  # instruction index -> the rowBuf view holding its value
         self.free: list = []
         self.slots = 0
         self.views: dict = {}  # (slot, ctype) -> C++ name of the view
-        self.body: list = []  # statements of Compute
+        self.body: list = []  # statements of Compute (the pass being emitted)
+        self.bodies: list = []  # per pass: statements of Compute<pass>
+        # passes over each row (reduce schedule): a value over the full shape that reads a reduced
+        # value is computed in a pass after the one finishing that value; the row is re-read from
+        # GM in every pass
+        self.n_passes = 1
+        self.pass_of: dict = {}  # reduced instruction -> the pass at whose row end it is known
+        self.scalars: set = set()  # reduced values read over the full shape: rs<k> scalars
         self.half_ops: list = []
 
     # ---- scratch slots (TBufs of tile * 4 bytes) ------------------------------------------
@@ -299,123 +303,42 @@ class _Flat:
     # ---- planning ------------------------------------------------------------------------
     def kernel(self) -> Kernel:
         p = self.p
-        last_use = {}
-        for k, inst in enumerate(p.insts):
-            for o in inst.operands:
-                if isinstance(o, ir.Ref):
-                    last_use[o] = k
         output_refs = [o.ref for o in p.outputs]
         in_types = [CTYPE[i.dtype] for i in p.inputs]
         out_types = [CTYPE[p.ref_dtype(r)] for r in output_refs]
-
-        # where each value lives: (C++ tensor expression, ctype, slot or None)
-        loc: dict = {}
-        for k, inp in enumerate(p.inputs):
-            if STORAGE[inp.dtype] == CTYPE[inp.dtype] and self.queued[k]:
-                loc[ir.Ref("in", k)] = (f"x{k}", CTYPE[inp.dtype], None)
-        # values written straight into their output tensor
-        direct = {}
-        for j, ref in enumerate(output_refs):
-            if (ref.kind == "%" and output_refs.count(ref) == 1 and not p.insts[ref.index].reduced
-                    and STORAGE[p.insts[ref.index].dtype] == out_types[j]):
-                direct[ref] = j
-
         out_reduced = [r.kind == "%" and p.insts[r.index].reduced for r in output_refs]
         self.out_reduced = out_reduced
-        for k, inst in enumerate(p.insts):
-            ctype = STORAGE[inst.operand_dtype]
-            if inst.op in REDUCE_API:  # this tile's part of the row, folded into the accumulator
-                acc = len(self.reductions)
-                self.reductions.append((acc, inst.op))
-                self.acc_of[k] = acc
-                src, _ = self._operand(inst.operands[0], loc)
-                part, tmp = self._alloc(), self._alloc()
-                pv, tv = self._view(part, "float"), self._view(tmp, "float")
-                self._vec(f"{REDUCE_API[inst.op]}({pv}, {src}, {tv}, static_cast<int32_t>(n));")
-                self._vec(f"if (j == 0) {{ Muls(acc{acc}, {pv}, 1.0f, 1); }} "
-                          f"else {{ {ACCUMULATE[inst.op]}(acc{acc}, acc{acc}, {pv}, 1); }}")
-                self._release(part)
-                self._release(tmp)
-                ref = ir.Ref("%", k)
-                loc[ref] = (f"acc{acc}", "float", None)
-                o = inst.operands[0]
-                if last_use.get(o) == k and o not in output_refs:
-                    self._drop(o, loc)
-                continue
-            if self.reduce and inst.reduced:
+        self._plan_passes(output_refs)
+        for k, inst in enumerate(p.insts):  # arithmetic on reduced values: once a row, in RowEnd
+            if self.reduce and inst.reduced and inst.op not in ir.REDUCTIONS:
                 self._row_end_inst(k, inst)
-                continue
-            mapping = opmap.lookup(inst.op)
-            why = opmap.refusal(inst.op, ctype)
-            if why:
-                raise _Refused(f"%{k} = {why}")
-            exec_type = ctype
-            if inst.op in self.blacklist and inst.operand_dtype == "f16" and "half" in mapping.types:
-                exec_type = "half"
-                self.half_ops.append(f"%{k} = {inst.op}")
-            srcs, scratch = [], []
-            for o in inst.operands:
-                if isinstance(o, ir.Ref):
-                    srcs.append(self._operand(o, loc))
-                else:
-                    slot = self._alloc()
-                    scratch.append(slot)
-                    view = self._view(slot, exec_type)
-                    self._vec(f"Duplicate({view}, {opmap.lit(exec_type, o)}, cn);")
-                    srcs.append((view, exec_type))
-            # operands in the execution type
-            args = []
-            for expr, t in srcs:
-                if t == exec_type:
-                    args.append(expr)
-                else:  # float -> half for a blacklisted op
-                    slot = self._alloc()
-                    scratch.append(slot)
-                    view = self._view(slot, exec_type)
-                    self._vec(f"Cast({view}, {expr}, RoundMode::CAST_RINT, cn);")
-                    args.append(view)
-            temps = []
-            for _ in range(opmap.temps_for(mapping, exec_type)):
-                slot = self._alloc()
-                scratch.append(slot)
-                temps.append(self._view(slot, exec_type))
-            ref = ir.Ref("%", k)
-            if ref in direct:
-                dst, dst_slot = f"y{direct[ref]}", None
-            else:
-                dst_slot = self._alloc()
-                dst = self._view(dst_slot, ctype)
-            extra = {"alpha": opmap.alpha_of(inst.attrs)} if inst.op == "LeakyRelu" else {}
-            if exec_type == ctype:
-                self._vec(*mapping.emit(exec_type, dst, args, "cn", temps, **extra))
-            else:
-                hslot = self._alloc()
-                scratch.append(hslot)
-                hdst = self._view(hslot, exec_type)
-                self._vec(*mapping.emit(exec_type, hdst, args, "cn", temps, **extra))
-                self._vec(f"Cast({dst}, {hdst}, RoundMode::CAST_NONE, cn);")
-            loc[ref] = (dst, ctype, dst_slot)
-            for slot in scratch:
-                self._release(slot)
-            for o in set(x for x in inst.operands if isinstance(x, ir.Ref)):
-                if last_use.get(o) == k and o not in output_refs:
-                    self._drop(o, loc)
-
-        # outputs not written in place
-        for j, ref in enumerate(output_refs):
-            if out_reduced[j]:
-                continue  # written once a row, in RowEnd
-            if ref in direct and loc[ref][0] == f"y{j}":
-                continue
-            if (ref.kind == "in" and self.queued[ref.index]
-                    and CTYPE[p.inputs[ref.index].dtype] == out_types[j]):
-                expr, t = f"x{ref.index}", out_types[j]
-            else:
-                expr, t = self._operand(ref, loc)
-            if t == out_types[j]:
-                self._vec(f"DataCopy(y{j}, {expr}, cn);")
-            else:
-                self._vec(f"Cast(y{j}, {expr}, RoundMode::CAST_RINT, cn);")
+        for q in range(self.n_passes):
+            final = q + 1 == self.n_passes
+            keep = output_refs if final else []
+            needed = self._cone(q, keep)
+            last_use = {}
+            for k in needed:
+                for o in p.insts[k].operands:
+                    if isinstance(o, ir.Ref):
+                        last_use[o] = k
+            # where each value lives: (C++ tensor expression, ctype, slot or None)
+            loc: dict = {}
+            for k, inp in enumerate(p.inputs):
+                if STORAGE[inp.dtype] == CTYPE[inp.dtype] and self.queued[k]:
+                    loc[ir.Ref("in", k)] = (f"x{k}", CTYPE[inp.dtype], None)
+            # values written straight into their output tensor (the final pass writes the outputs)
+            direct = {}
+            for j, ref in enumerate(keep):
+                if (ref.kind == "%" and output_refs.count(ref) == 1 and not p.insts[ref.index].reduced
+                        and STORAGE[p.insts[ref.index].dtype] == out_types[j]):
+                    direct[ref] = j
+            self.free = sorted(range(self.slots), reverse=True)  # every pass reuses the scratch slots
+            self.body = []
+            for k in needed:
+                self._emit(k, p.insts[k], loc, direct, last_use, keep)
+            if final:
+                self._write_outputs(loc, direct, output_refs, out_types, out_reduced)
+            self.bodies.append(self.body)
 
         buffers = [(f"in{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(in_types)
                    if self.queued[k]]
@@ -438,7 +361,145 @@ class _Flat:
         rank = 0 if self.split is None else max(len(i.view) for i in p.inputs)
         return Kernel(self.name, p.text, True, "", sources, ub, tuple(in_types), tuple(out_types),
                       tuple(self.half_ops), self.split, tuple(self.patterns) if self.split is not None else (),
-                      rank, tuple(out_reduced))
+                      rank, tuple(out_reduced), self.n_passes)
+
+    def _plan_passes(self, output_refs):
+        """Accumulators, and the pass of every reduced value: a reduction whose operand reads
+        reduced values of pass q is accumulated in pass q + 1 (variance after mean; softmax's
+        sum after max); the full outputs are written in the last pass."""
+        p = self.p
+        need = {}  # full value -> the first pass that can compute it
+
+        def need_of(o):
+            if o.kind == "in":
+                return 0
+            return self.pass_of[o.index] + 1 if p.insts[o.index].reduced else need[o.index]
+
+        for k, inst in enumerate(p.insts):
+            refs = [o for o in inst.operands if isinstance(o, ir.Ref)]
+            if inst.op in ir.REDUCTIONS:
+                self.acc_of[k] = len(self.reductions)
+                self.reductions.append((len(self.reductions), inst.op))
+                self.pass_of[k] = need_of(refs[0])
+            elif self.reduce and inst.reduced:
+                self.pass_of[k] = max(self.pass_of[o.index] for o in refs)
+            else:
+                need[k] = max([need_of(o) for o in refs], default=0)
+        last = [self.pass_of[k] + 1 for k, inst in enumerate(p.insts) if inst.op in ir.REDUCTIONS]
+        last += [need_of(r) + 1 for r in output_refs if not (r.kind == "%" and p.insts[r.index].reduced)]
+        self.n_passes = max(last + [1])
+        self.row_bodies = [[] for _ in range(self.n_passes)]
+
+    def _cone(self, q, output_refs):
+        """Instructions Compute<q> evaluates per tile, in order: the reductions of pass q, the
+        full outputs (the last pass) and the full values they read."""
+        p = self.p
+        stack = [k for k, inst in enumerate(p.insts) if inst.op in ir.REDUCTIONS and self.pass_of[k] == q]
+        stack += [r.index for r in output_refs if r.kind == "%" and not p.insts[r.index].reduced]
+        needed = set()
+        while stack:
+            k = stack.pop()
+            if k in needed:
+                continue
+            needed.add(k)
+            stack += [o.index for o in p.insts[k].operands
+                      if isinstance(o, ir.Ref) and o.kind == "%" and not p.insts[o.index].reduced]
+        return sorted(needed)
+
+    def _emit(self, k, inst, loc, direct, last_use, output_refs):
+        """Compute statements of %k for one tile (the current pass)."""
+        ctype = STORAGE[inst.operand_dtype]
+        if inst.op in REDUCE_API:  # this tile's part of the row, folded into the accumulator
+            acc = self.acc_of[k]
+            src, _ = self._operand(inst.operands[0], loc)
+            part, tmp = self._alloc(), self._alloc()
+            pv, tv = self._view(part, "float"), self._view(tmp, "float")
+            self._vec(f"{REDUCE_API[inst.op]}({pv}, {src}, {tv}, static_cast<int32_t>(n));")
+            self._vec(f"if (j == 0) {{ Muls(acc{acc}, {pv}, 1.0f, 1); }} "
+                      f"else {{ {ACCUMULATE[inst.op]}(acc{acc}, acc{acc}, {pv}, 1); }}")
+            self._release(part)
+            self._release(tmp)
+            ref = ir.Ref("%", k)
+            loc[ref] = (f"acc{acc}", "float", None)
+            o = inst.operands[0]
+            if last_use.get(o) == k and o not in output_refs:
+                self._drop(o, loc)
+            return
+        if self.reduce and inst.reduced:
+            return  # arithmetic on reduced values: RowEnd
+        mapping = opmap.lookup(inst.op)
+        why = opmap.refusal(inst.op, ctype)
+        if why:
+            raise _Refused(f"%{k} = {why}")
+        exec_type = ctype
+        if inst.op in self.blacklist and inst.operand_dtype == "f16" and "half" in mapping.types:
+            exec_type = "half"
+            self.half_ops.append(f"%{k} = {inst.op}")
+        srcs, scratch = [], []
+        for o in inst.operands:
+            if isinstance(o, ir.Ref):
+                srcs.append(self._operand(o, loc))
+            else:
+                slot = self._alloc()
+                scratch.append(slot)
+                view = self._view(slot, exec_type)
+                self._vec(f"Duplicate({view}, {opmap.lit(exec_type, o)}, cn);")
+                srcs.append((view, exec_type))
+        # operands in the execution type
+        args = []
+        for expr, t in srcs:
+            if t == exec_type:
+                args.append(expr)
+            else:  # float -> half for a blacklisted op
+                slot = self._alloc()
+                scratch.append(slot)
+                view = self._view(slot, exec_type)
+                self._vec(f"Cast({view}, {expr}, RoundMode::CAST_RINT, cn);")
+                args.append(view)
+        temps = []
+        for _ in range(opmap.temps_for(mapping, exec_type)):
+            slot = self._alloc()
+            scratch.append(slot)
+            temps.append(self._view(slot, exec_type))
+        ref = ir.Ref("%", k)
+        if ref in direct:
+            dst, dst_slot = f"y{direct[ref]}", None
+        else:
+            dst_slot = self._alloc()
+            dst = self._view(dst_slot, ctype)
+        extra = {"alpha": opmap.alpha_of(inst.attrs)} if inst.op == "LeakyRelu" else {}
+        if exec_type == ctype:
+            self._vec(*mapping.emit(exec_type, dst, args, "cn", temps, **extra))
+        else:
+            hslot = self._alloc()
+            scratch.append(hslot)
+            hdst = self._view(hslot, exec_type)
+            self._vec(*mapping.emit(exec_type, hdst, args, "cn", temps, **extra))
+            self._vec(f"Cast({dst}, {hdst}, RoundMode::CAST_NONE, cn);")
+        loc[ref] = (dst, ctype, dst_slot)
+        for slot in scratch:
+            self._release(slot)
+        for o in set(x for x in inst.operands if isinstance(x, ir.Ref)):
+            if last_use.get(o) == k and o not in output_refs:
+                self._drop(o, loc)
+
+    def _write_outputs(self, loc, direct, output_refs, out_types, out_reduced):
+        p = self.p
+        # outputs not written in place
+        for j, ref in enumerate(output_refs):
+            if out_reduced[j]:
+                continue  # written once a row, in RowEnd
+            if ref in direct and loc[ref][0] == f"y{j}":
+                continue
+            if (ref.kind == "in" and self.queued[ref.index]
+                    and CTYPE[p.inputs[ref.index].dtype] == out_types[j]):
+                expr, t = f"x{ref.index}", out_types[j]
+            else:
+                expr, t = self._operand(ref, loc)
+            if t == out_types[j]:
+                self._vec(f"DataCopy(y{j}, {expr}, cn);")
+            else:
+                self._vec(f"Cast(y{j}, {expr}, RoundMode::CAST_RINT, cn);")
 
     def _operand(self, ref, loc):
         """The tensor holding `ref` in its compute type; 16-bit inputs are Cast up on first use."""
@@ -450,6 +511,13 @@ class _Flat:
             index = "o" if self.patterns[ref.index] == "col" else "0"
             self._vec(f"Duplicate({view}, static_cast<{ctype}>(in{ref.index}Gm.GetValue({index})), cn);")
             loc[ref] = (view, ctype, slot)
+        if ref not in loc and ref.kind == "%":
+            # a reduced value read over the full shape (a later pass): the row's scalar
+            slot = self._alloc()
+            view = self._view(slot, "float")
+            self._vec(f"Duplicate({view}, rs{ref.index}, cn);")
+            self.scalars.add(ref.index)
+            loc[ref] = (view, "float", slot)
         if ref not in loc:  # a 16-bit input: widen it into a scratch slot
             slot = self._alloc()
             view = self._view(slot, "float")
@@ -463,10 +531,14 @@ class _Flat:
         return f"rv{self.row_bufs - 1}"
 
     def _row_vec(self, *statements):
+        body = self.row_bodies[self.row_pass]
         for s in statements:
-            if self.row_body:
-                self.row_body.append("PipeBarrier<PIPE_V>();")
-            self.row_body.append(s)
+            if body:
+                body.append("PipeBarrier<PIPE_V>();")
+            body.append(s)
+
+    def _acc_inst(self, acc: int) -> int:
+        return next(k for k, a in self.acc_of.items() if a == acc)
 
     def _reduced_value(self, index: int) -> str:
         """The tensor holding reduced value %index at the row's end (lane 0)."""
@@ -478,6 +550,7 @@ class _Flat:
         why = opmap.refusal(inst.op, "float")
         if why:
             raise _Refused(f"%{k} = {why}")
+        self.row_pass = self.pass_of[k]
         args = []
         for o in inst.operands:
             if isinstance(o, ir.Ref):
@@ -585,33 +658,45 @@ class _Flat:
     outQue{k}.FreeTensor(y{k});
 """
 
-        compute = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)
-                   if self.queued[k]]
-        compute += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();" for k, t in enumerate(out_types)
-                    if not out_red[k]]
-        compute += [f"    LocalTensor<float> acc{a} = accBuf{a}.Get<float>();" for a, _ in self.reductions]
-        if self.reduce:
-            compute.insert(0, "    PipeBarrier<PIPE_V>();  // the accumulators were written by the last tile")
-        for (slot, ctype), view in sorted(self.views.items()):
-            compute.append(f"    LocalTensor<{ctype}> {view} = calc{slot}.Get<{ctype}>();")
-        compute += [f"    {s}" for s in self.body]
-        compute += [f"    outQue{k}.EnQue(y{k});" for k in range(nout) if not out_red[k]]
-        compute += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin) if self.queued[k]]
-        row_end = ""
-        if self.reduce:
+        P = self.n_passes
+
+        def compute_lines(body, final):
+            lines = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)
+                     if self.queued[k]]
+            if final:
+                lines += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();"
+                          for k, t in enumerate(out_types) if not out_red[k]]
+            lines += [f"    LocalTensor<float> acc{a} = accBuf{a}.Get<float>();" for a, _ in self.reductions]
+            if self.reduce:
+                lines.insert(0, "    PipeBarrier<PIPE_V>();  // the accumulators were written by the last tile")
+            for (slot, ctype), view in sorted(self.views.items()):
+                lines.append(f"    LocalTensor<{ctype}> {view} = calc{slot}.Get<{ctype}>();")
+            lines += [f"    {s}" for s in body]
+            if final:
+                lines += [f"    outQue{k}.EnQue(y{k});" for k in range(nout) if not out_red[k]]
+            lines += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin) if self.queued[k]]
+            return lines
+
+        def row_end_source(q):
+            final = q + 1 == P
             lines = ["    PipeBarrier<PIPE_V>();"]
             lines += [f"    LocalTensor<float> acc{a} = accBuf{a}.Get<float>();" for a, _ in self.reductions]
-            if has_mean:
+            means = [a for a, op in self.reductions if op == "Mean" and self.pass_of[self._acc_inst(a)] == q]
+            if means:
                 lines += ["    LocalTensor<float> tmp = rowTmp.Get<float>();",
                           "    Duplicate(tmp, static_cast<float>(inner), 8);", "    PipeBarrier<PIPE_V>();"]
-                lines += [f"    Div(acc{a}, acc{a}, tmp, 1);\n    PipeBarrier<PIPE_V>();"
-                          for a, op in self.reductions if op == "Mean"]
-            if self.row_body:
+                lines += [f"    Div(acc{a}, acc{a}, tmp, 1);\n    PipeBarrier<PIPE_V>();" for a in means]
+            if self.row_bufs:
                 lines += [f"    LocalTensor<float> rv{i} = rowBuf{i}.Get<float>();" for i in range(self.row_bufs)]
-                lines += [f"    {stmt}" for stmt in self.row_body]
+            if self.row_bodies[q]:
+                lines += [f"    {stmt}" for stmt in self.row_bodies[q]]
                 lines.append("    PipeBarrier<PIPE_V>();")
+            scalars = sorted(k for k in self.scalars if self.pass_of[k] == q)
+            if scalars:  # the vector results, read by the scalar unit: V -> S synchronisation
+                lines += ["    SetFlag<HardEvent::V_S>(EVENT_ID0);", "    WaitFlag<HardEvent::V_S>(EVENT_ID0);"]
+                lines += [f"    rs{k} = {self._reduced_value(k)}.GetValue(0);" for k in scalars]
             for k, t in enumerate(out_types):
-                if not out_red[k]:
+                if not out_red[k] or not final:
                     continue
                 value = self._reduced_value(self.p.outputs[k].ref.index)
                 convert = (f"Muls(r{k}, {value}, 1.0f, 8);" if t == "float"
@@ -624,9 +709,25 @@ class _Flat:
     DataCopyExtParams copy{k}{{1, static_cast<uint32_t>(sizeof({t})), 0, 0, 0}};
     DataCopyPad(out{k}Gm[o], r{k}, copy{k});
     outQue{k}.FreeTensor(r{k});""")
-            row_end = ("  // The row is done: finish Mean, compute on the reduced values, write each reduced\n"
-                       "  // output's element.\n"
-                       "  __aicore__ inline void RowEnd(uint64_t o) {\n" + "\n".join(lines) + "\n  }\n")
+            name = "RowEnd" if P == 1 else f"RowEnd{q}"
+            what = ("finish Mean, compute on the reduced values, write each reduced output's element"
+                    if P == 1 else
+                    f"pass {q} of the row is done: finish its Mean, compute on its reduced values"
+                    + (", read the ones later passes broadcast" if scalars else "")
+                    + (", write each reduced output's element" if final else ""))
+            return (f"  // {what}.\n"
+                    f"  __aicore__ inline void {name}(uint64_t o) {{\n" + "\n".join(lines) + "\n  }\n")
+
+        compute_params = ("uint64_t o, uint64_t j, uint32_t n" if self.reduce else
+                          "uint64_t o, uint32_t n" if bcast else "uint32_t n")
+        cn_line = "    const int32_t cn = static_cast<int32_t>((n + ALIGN - 1) / ALIGN * ALIGN);  // pad lanes are don't-care\n"
+        computes = []
+        for q, body in enumerate(self.bodies):
+            name = "Compute" if P == 1 else f"Compute{q}"
+            computes.append(f"  __aicore__ inline void {name}({compute_params}) {{\n" + cn_line
+                            + "\n".join(compute_lines(body, q + 1 == P)) + "\n  }\n")
+        compute_src = "".join(computes)
+        row_end = "".join(row_end_source(q) for q in range(P)) if self.reduce else ""
         if bcast:
             prelude = """\
     const uint64_t first = GetBlockIdx() * t.tilesPerBlock;
@@ -649,9 +750,25 @@ class _Flat:
                 process = process.replace("      Compute(o, n);", "      const uint64_t j = g % tilesPerRow;\n      Compute(o, j, n);")
                 process = process.replace("      CopyOut(off, n);\n",
                                           "      CopyOut(off, n);\n      if (j + 1 == tilesPerRow) RowEnd(o);\n")
+            if P > 1:  # whole rows a block; every pass walks the row's tiles again
+                loops = []
+                for q in range(P):
+                    out = "\n          CopyOut(off, n);" if q + 1 == P else ""
+                    loops.append(f"""\
+      for (uint64_t j = 0; j < tilesPerRow; ++j) {{
+        const uint64_t col = j * tileLength;
+        const uint64_t off = o * inner + col;
+        const uint32_t n = static_cast<uint32_t>(inner - col < tileLength ? inner - col : tileLength);
+        CopyIn(off, col, n);
+        Compute{q}(o, j, n);{out.replace("          ", "        ")}
+      }}
+      RowEnd{q}(o);""")
+                process = ("    for (uint64_t o = firstTile / tilesPerRow; o < lastTile / tilesPerRow; ++o) {\n"
+                           + "\n".join(loops) + "\n    }")
             copy_in_params = "uint64_t off, uint64_t col, uint32_t n"
-            compute_params = "uint64_t o, uint64_t j, uint32_t n" if self.reduce else "uint64_t o, uint32_t n"
             state = "  uint64_t firstTile = 0, lastTile = 0, inner = 0, tilesPerRow = 0;\n  uint32_t tileLength = 0;"
+            state += "".join(f"\n  float rs{k} = 0.0f;  // %{k} of the current row, broadcast over it"
+                             for k in sorted(self.scalars))
         else:
             prelude = """\
     const uint64_t block = GetBlockIdx();
@@ -670,11 +787,13 @@ class _Flat:
       CopyOut(off, n);
     }"""
             copy_in_params = "uint64_t off, uint32_t n"
-            compute_params = "uint32_t n"
             state = "  uint32_t tileLength = 0, tileNum = 0, tailLength = 0;"
         schedule = ("flat" if not bcast else
                     f"{'reduce (inner axes reduced)' if self.reduce else 'broadcast'}, outer axes [0, {self.split}), inputs "
                     + ", ".join(f"in{k} {pat}" for k, pat in enumerate(self.patterns)))
+        if P > 1:
+            schedule += f"; {P} passes over each row (re-read from GM)"
+
         half_note = ("// Computed in half (--autofuse_enhance_precision_blacklist): "
                      + ", ".join(self.half_ops) + "\n") if self.half_ops else ""
         return f"""\
@@ -703,11 +822,7 @@ class Kernel {{
  private:
   __aicore__ inline void CopyIn({copy_in_params}) {{
 {"".join(copy_in(k, t) for k, t in enumerate(in_types))}  }}
-  __aicore__ inline void Compute({compute_params}) {{
-    const int32_t cn = static_cast<int32_t>((n + ALIGN - 1) / ALIGN * ALIGN);  // pad lanes are don't-care
-{chr(10).join(compute)}
-  }}
-  __aicore__ inline void CopyOut(uint64_t off, uint32_t n) {{
+{compute_src}  __aicore__ inline void CopyOut(uint64_t off, uint32_t n) {{
 {"".join(copy_out(k, t) for k, t in enumerate(out_types))}  }}
 {row_end}
   TPipe pipe;

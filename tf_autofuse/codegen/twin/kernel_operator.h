@@ -139,6 +139,7 @@ struct Block {
   uint32_t used = 0;  // bytes of UB handed out by InitBuffer
   std::vector<std::string> errors;  // found after the kernel returned (destructors)
   std::vector<std::pair<uint32_t, uint32_t>> dirty;  // UB ranges written since the last barrier
+  std::vector<std::pair<uint32_t, uint32_t>> unsynced_s;  // UB written since the last V->S WaitFlag
   uint64_t vector_ops = 0, copies = 0;
 };
 inline Block*& Current() {
@@ -195,7 +196,14 @@ class LocalTensor {
   LocalTensor<U> ReinterpretCast() const {
     return LocalTensor<U>(slot_, generation_, offset_, count_ * sizeof(T) / sizeof(U), owner_);
   }
-  T GetValue(uint32_t i) const { return Data(i + 1, "GetValue")[i]; }
+  T GetValue(uint32_t i) const {  // a scalar read: needs SetFlag/WaitFlag<HardEvent::V_S> after a write
+    const T* p = Data(i + 1, "GetValue");
+    for (auto& d : twin::Cur().unsynced_s)
+      if (offset_ + i * sizeof(T) < d.first + d.second && d.first < offset_ + (i + 1) * sizeof(T))
+        twin::Fail("LocalTensor::GetValue: reads UB written by a vector instruction or copy without "
+                   "SetFlag/WaitFlag<HardEvent::V_S> in between");
+    return p[i];
+  }
   void SetValue(uint32_t i, T v) { Data(i + 1, "SetValue")[i] = v; }
 
  private:
@@ -400,7 +408,10 @@ void CheckAligned(const LocalTensor<T>& t, uint32_t count, const char* api) {
     twin::Fail(std::string(api) + ": " + std::to_string(count) + " elements of " +
                std::to_string(sizeof(T)) + " bytes is not a multiple of 32 bytes (use DataCopyPad)");
 }
-inline void Touch(uint32_t offset, uint32_t bytes) { twin::Cur().dirty.push_back({offset, bytes}); }
+inline void Touch(uint32_t offset, uint32_t bytes) {
+  twin::Cur().dirty.push_back({offset, bytes});
+  twin::Cur().unsynced_s.push_back({offset, bytes});
+}
 }  // namespace detail
 
 template <typename T>
@@ -710,6 +721,39 @@ void Cast(LocalTensor<D>& dst, const LocalTensor<S>& src, const RoundMode& mode,
   detail::Done(dst, n);
 }
 
+// ---- APIs added for reduce/broadcast schedules ----
+// Vector -> scalar synchronisation: the scalar unit may read UB (LocalTensor::GetValue) written by
+// a vector instruction only after SetFlag<HardEvent::V_S>(id) and WaitFlag<HardEvent::V_S>(id) of
+// the same event id; a WaitFlag without its SetFlag is an error.
+enum class HardEvent { V_S, S_V, MTE2_V, V_MTE3, MTE2_S, MTE3_S };
+}  // namespace AscendC
+enum event_t : int { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_ID5, EVENT_ID6, EVENT_ID7 };
+namespace twin {
+inline std::map<std::pair<int, int>, int>& Flags() {  // (event, id) -> sets not yet waited, this block
+  static thread_local Block* owner = nullptr;
+  static thread_local std::map<std::pair<int, int>, int> flags;
+  if (owner != &Cur()) {
+    owner = &Cur();
+    flags.clear();
+  }
+  return flags;
+}
+}  // namespace twin
+namespace AscendC {
+template <HardEvent e>
+inline void SetFlag(int32_t id) {
+  twin::Cur();
+  if (id < 0 || id > 7) twin::Fail("SetFlag: event id out of range");
+  ++twin::Flags()[{static_cast<int>(e), id}];
+}
+template <HardEvent e>
+inline void WaitFlag(int32_t id) {
+  int& pending = twin::Flags()[{static_cast<int>(e), id}];
+  if (pending <= 0) twin::Fail("WaitFlag without a matching SetFlag of the same event and id");
+  --pending;
+  if (e == HardEvent::V_S || e == HardEvent::MTE2_S) twin::Cur().unsynced_s.clear();
+}
+// ---- end of APIs added for reduce/broadcast schedules ----
 }  // namespace AscendC
 
 // ---- running blocks ----------------------------------------------------------------------------
