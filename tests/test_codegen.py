@@ -237,15 +237,10 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "advanced math"),
     ("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "not generated yet"),
     ("in0: f32[8,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, inner]"),
-    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "multi-pass"),
     ("in0: f32[4,10]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", "trailing axes"),
     ("in0: i32[4,10]\n%0 = Sum in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
     ("in0: f32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod"),
     # the reduce generator's gaps: each one refused with its reason, never generated wrong
-    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n%3 = Sum %2 axes=[1]\n"
-     "%4 = Div %2, %3\nout0 = %4\n", "multi-pass"),  # softmax
-    ("in0: f32[?,10]\n%0 = Mean in0 axes=[1]\n%1 = SquaredDifference in0, %0\n"
-     "%2 = Mean %1 axes=[1]\nout0 = %2\n", "multi-pass"),  # variance
     ("in0: f32[?,10]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\nout0 = %1\n",
      "mixes reduced values with inputs read as reduced"),
     ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Erf %0\nout0 = %1\n", "advanced math"),
@@ -772,3 +767,167 @@ def test_rounding_ops_on_edge_values():
         (y,), _ = lib.run(kernel.name, [x], 8)
         np.testing.assert_array_equal(y, ref(x))
         np.testing.assert_array_equal(np.signbit(y), np.signbit(ref(x)))  # -0.0 stays -0.0
+
+
+# ---- several passes over a row: full values reading reduced values (softmax, layer norm) -------
+
+SOFTMAX = ("in0: {d}[?,?]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n%3 = Sum %2 axes=[1]\n"
+           "%4 = Div %2, %3\nout0 = %4\n")
+MULTIPASS = {
+    **{f"softmax_{d}": SOFTMAX.format(d=d) for d in ("f32", "f16", "bf16")},
+    # mean, variance (a reduction of a value reading the mean: pass 1), scale and shift (pass 2)
+    "layer_norm": ("in0: {d}[?,?]\nin1: {d}[?]\nin2: {d}[?]\n%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n"
+                   "%2 = Square %1\n%3 = Mean %2 axes=[1]\n%4 = Add %3, 1e-05\n%5 = Rsqrt %4\n"
+                   "%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8\nout1 = %0 -> [?]\n"
+                   "out2 = %3\n").format(d="f32"),
+    "layer_norm_f16": ("in0: f16[?,?]\nin1: f16[?]\nin2: f16[?]\n%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n"
+                       "%2 = Square %1\n%3 = Mean %2 axes=[1]\n%4 = Add %3, 1e-05\n%5 = Rsqrt %4\n"
+                       "%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8\n"),
+    # 3-D, two reduced axes; a full output of pass 0 next to the last pass's
+    "log_softmax_3d": ("in0: bf16[?,?,?]\n%0 = Max in0 axes=[1,2]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
+                       "%3 = Sum %2 axes=[1,2]\n%4 = Log %3\n%5 = Sub %1, %4\n%6 = Abs in0\nout0 = %5\n"
+                       "out1 = %6\n"),
+    # a [N,1] input next to the broadcast reduced value
+    "center_scale": ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n"
+                     "%2 = Mul %1, in1\nout0 = %2\n"),
+}
+
+
+def rounded(x, dtype):
+    """x rounded to the dtype, as float64."""
+    return as_float(store(np.asarray(x, np.float64), dtype), dtype)
+
+
+def softmax64(x, axes=(1,)):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=axes, keepdims=True))
+    return e / e.sum(axis=axes, keepdims=True)
+
+
+def layer_norm64(x, g, b):
+    x, g, b = (a.astype(np.float64) for a in (x, g, b))
+    mean = x.mean(1, keepdims=True)
+    var = ((x - mean) ** 2).mean(1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-5) * g + b, mean, var
+
+
+@pytest.fixture(scope="module")
+def multipass():
+    kernels = {name: generate(text, name) for name, text in MULTIPASS.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    return kernels, twin.build(kernels.values())
+
+
+def test_multipass_plans():
+    kernels = {name: generate(text, name) for name, text in MULTIPASS.items()}
+    assert {n: k.passes for n, k in kernels.items()} == {
+        "softmax_f32": 3, "softmax_f16": 3, "softmax_bf16": 3, "layer_norm": 3, "layer_norm_f16": 3,
+        "log_softmax_3d": 3, "center_scale": 2}
+    assert kernels["layer_norm"].out_reduced == (False, True, True)
+    src = kernels["softmax_f32"].sources["softmax_f32_kernel.cpp"]
+    assert "3 passes over each row" in src and "WaitFlag<HardEvent::V_S>" in src
+    assert "if (tilesPerRow == 1)" in src  # a row of one tile stays resident in UB
+    # single-pass reductions keep the one-pass schedule
+    assert generate(REDUCE, "one_pass").passes == 1
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (5, 30_001), (64, 256)])
+def test_multipass_matches_numpy(multipass, cores, rows, cols):
+    kernels, lib = multipass
+    rng = np.random.default_rng(rows * 7 + cols + cores)
+    x = rng.uniform(-4, 4, (rows, cols)).astype(np.float32)
+    (y,), t = lib.run("softmax_f32", [x], cores)
+    np.testing.assert_allclose(y, softmax64(x), rtol=2e-5, atol=1e-9)
+    assert t.blockDim <= cores
+    for d, tol in (("f16", 2e-3), ("bf16", 1.6e-2)):
+        xh = rounded(x, d)
+        (y,), _ = lib.run(f"softmax_{d}", [store(xh, d)], cores)
+        np.testing.assert_allclose(as_float(y, d), softmax64(xh), rtol=tol, atol=tol * 1e-3)
+    g = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    b = rng.uniform(-1, 1, cols).astype(np.float32)
+    (y, m, v), _ = lib.run("layer_norm", [x, g, b], cores)
+    want, mean, var = layer_norm64(x, g, b)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(m.reshape(-1), mean.reshape(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(v, var, rtol=1e-4, atol=1e-5)
+    xh, gh, bh = (rounded(a, "f16") for a in (x, g, b))
+    (y,), _ = lib.run("layer_norm_f16", [store(xh, "f16"), store(gh, "f16"), store(bh, "f16")], cores)
+    np.testing.assert_allclose(as_float(y, "f16"), layer_norm64(xh, gh, bh)[0], rtol=4e-3, atol=4e-3)
+    s = rng.uniform(-2, 2, (rows, 1)).astype(np.float32)
+    (y,), _ = lib.run("center_scale", [x, s], cores)
+    np.testing.assert_allclose(y, (x - x.astype(np.float64).mean(1, keepdims=True)) * s, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (13, 50), (3, 9000)])
+def test_multipass_3d_with_a_pass0_output(multipass, cores, rows, cols):
+    _, lib = multipass
+    rng = np.random.default_rng(rows + cols * 3 + cores)
+    x = rounded(rng.uniform(-3, 3, (rows, 2, cols)), "bf16")
+    (y, a), _ = lib.run("log_softmax_3d", [store(x, "bf16")], cores)
+    x64 = x.astype(np.float64)
+    z = x64 - x64.max(axis=(1, 2), keepdims=True)
+    want = z - np.log(np.exp(z).sum(axis=(1, 2), keepdims=True))
+    np.testing.assert_allclose(as_float(y, "bf16"), want, rtol=1.6e-2, atol=3e-2)
+    np.testing.assert_array_equal(as_float(a, "bf16"), np.abs(x))
+
+
+def test_multipass_rows_that_just_fit_and_just_do_not_fit_in_ub(multipass):
+    """A row of max_tile elements is one tile (read once, resident in UB over the three passes);
+    one more element makes two tiles (every pass re-reads the row from GM)."""
+    kernels, lib = multipass
+    tile = kernels["softmax_f32"].ub.max_tile
+    assert kernels["softmax_f32"].ub.ub_bytes(tile) <= tiling.UB_BUDGET
+    rng = np.random.default_rng(21)
+    for cols, per_row in ((tile, 1), (tile + 1, 2)):
+        x = rng.uniform(-4, 4, (3, cols)).astype(np.float32)
+        (y,), t = lib.run("softmax_f32", [x], 8)
+        assert t.tilesPerRow == per_row and t.tileLength == tile
+        np.testing.assert_allclose(y, softmax64(x), rtol=2e-5, atol=1e-9)
+    with pytest.raises(twin.TwinError, match="UB overflow"):  # the tile is the UB's limit
+        lib.run("softmax_f32", [x], 8, tile_override=tile + tiling.ALIGN_ELEMS)
+    # a smaller forced tile: the same numbers through the re-reading path
+    (y, _, _), t = lib.run("layer_norm", [x, np.ones(x.shape[1], np.float32), np.zeros(x.shape[1], np.float32)],
+                      8, tile_override=1024)
+    assert t.tilesPerRow == -(-x.shape[1] // 1024)
+    np.testing.assert_allclose(y, layer_norm64(x, np.ones(x.shape[1]), np.zeros(x.shape[1]))[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_twin_catches_a_scalar_read_without_v_s_sync():
+    kernel = generate(MULTIPASS["softmax_f32"], "mut_vs")
+    name = "mut_vs_kernel.cpp"
+    assert "    WaitFlag<HardEvent::V_S>(EVENT_ID0);\n" in kernel.sources[name]
+    kernel.sources[name] = kernel.sources[name].replace("    WaitFlag<HardEvent::V_S>(EVENT_ID0);\n", "")
+    lib = twin.build([kernel])
+    with pytest.raises(twin.TwinError, match="GetValue.*V_S"):
+        lib.run("mut_vs", [np.ones((2, 300), np.float32)], 1)
+
+
+def test_softmax_and_norm_from_the_rewriter():
+    """The programs the reduce pass makes of a TF softmax and a layer norm (no gamma/beta): all
+    generated; the softmax kernel's numbers against unfused TensorFlow."""
+    import tensorflow as tf
+    import tf_autofuse
+
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 100], name="x")
+        e = tf.exp(x - tf.reduce_max(x, axis=1, keepdims=True))
+        tf.identity(e / tf.reduce_sum(e, axis=1, keepdims=True), name="softmax")
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        tf.identity((x - mean) * tf.math.rsqrt(variance + 1e-3), name="norm")
+    fused = tf_autofuse.fuse(graph, outputs=["softmax", "norm"], passes=["pointwise", "reduce"])
+    kernels = {f.name: generate(f.program, f.name) for f in fused.fusions}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    (softmax,) = [k for n, k in kernels.items() if "Max_Sub_Exp_Sum" in n]
+    assert softmax.passes == 3
+    assert any(k.passes == 2 for k in kernels.values())  # the norm's mean, read back by x - mean
+    lib = twin.build([softmax])
+    x = np.random.default_rng(5).uniform(-10, 10, (64, 100)).astype(np.float32)
+    (y,), _ = lib.run(softmax.name, [x], 8)
+    want = fused.run(["softmax"], {"x": x}, original=True)[0]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(y, softmax64(x), rtol=2e-5, atol=1e-9)

@@ -661,8 +661,9 @@ class _Flat:
         P = self.n_passes
 
         def compute_lines(body, final):
+            # several passes: the caller DeQues and frees the input tiles (a resident row is read once)
             lines = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)
-                     if self.queued[k]]
+                     if self.queued[k] and P == 1]
             if final:
                 lines += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();"
                           for k, t in enumerate(out_types) if not out_red[k]]
@@ -674,7 +675,7 @@ class _Flat:
             lines += [f"    {s}" for s in body]
             if final:
                 lines += [f"    outQue{k}.EnQue(y{k});" for k in range(nout) if not out_red[k]]
-            lines += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin) if self.queued[k]]
+            lines += [f"    inQue{k}.FreeTensor(x{k});" for k in range(nin) if self.queued[k] and P == 1]
             return lines
 
         def row_end_source(q):
@@ -722,9 +723,15 @@ class _Flat:
                           "uint64_t o, uint32_t n" if bcast else "uint32_t n")
         cn_line = "    const int32_t cn = static_cast<int32_t>((n + ALIGN - 1) / ALIGN * ALIGN);  // pad lanes are don't-care\n"
         computes = []
+        tile_params = "".join(f", LocalTensor<{t}>& x{k}" for k, t in enumerate(in_types) if self.queued[k])
+        tile_args = "".join(f", x{k}" for k in range(nin) if self.queued[k])
+        deque = "".join(f"\n{{ind}}LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();"
+                        for k, t in enumerate(in_types) if self.queued[k])
+        free = "".join(f"\n{{ind}}inQue{k}.FreeTensor(x{k});" for k in range(nin) if self.queued[k])
         for q, body in enumerate(self.bodies):
             name = "Compute" if P == 1 else f"Compute{q}"
-            computes.append(f"  __aicore__ inline void {name}({compute_params}) {{\n" + cn_line
+            params = compute_params if P == 1 else compute_params + tile_params
+            computes.append(f"  __aicore__ inline void {name}({params}) {{\n" + cn_line
                             + "\n".join(compute_lines(body, q + 1 == P)) + "\n  }\n")
         compute_src = "".join(computes)
         row_end = "".join(row_end_source(q) for q in range(P)) if self.reduce else ""
@@ -750,21 +757,31 @@ class _Flat:
                 process = process.replace("      Compute(o, n);", "      const uint64_t j = g % tilesPerRow;\n      Compute(o, j, n);")
                 process = process.replace("      CopyOut(off, n);\n",
                                           "      CopyOut(off, n);\n      if (j + 1 == tilesPerRow) RowEnd(o);\n")
-            if P > 1:  # whole rows a block; every pass walks the row's tiles again
-                loops = []
+            if P > 1:  # whole rows a block: a row of one tile stays in UB for every pass, a longer
+                #          row is re-read from GM in every pass
+                resident, loops = [], []
                 for q in range(P):
                     out = "\n          CopyOut(off, n);" if q + 1 == P else ""
+                    resident.append(f"        Compute{q}(o, 0, n{tile_args});{out.replace('    ', '  ', 1)}"
+                                    f"\n        RowEnd{q}(o);")
                     loops.append(f"""\
-      for (uint64_t j = 0; j < tilesPerRow; ++j) {{
-        const uint64_t col = j * tileLength;
-        const uint64_t off = o * inner + col;
-        const uint32_t n = static_cast<uint32_t>(inner - col < tileLength ? inner - col : tileLength);
-        CopyIn(off, col, n);
-        Compute{q}(o, j, n);{out.replace("          ", "        ")}
-      }}
-      RowEnd{q}(o);""")
-                process = ("    for (uint64_t o = firstTile / tilesPerRow; o < lastTile / tilesPerRow; ++o) {\n"
-                           + "\n".join(loops) + "\n    }")
+        for (uint64_t j = 0; j < tilesPerRow; ++j) {{
+          const uint64_t col = j * tileLength;
+          const uint64_t off = o * inner + col;
+          const uint32_t n = static_cast<uint32_t>(inner - col < tileLength ? inner - col : tileLength);
+          CopyIn(off, col, n);{deque.replace("{ind}", "          ")}
+          Compute{q}(o, j, n{tile_args});{free.replace("{ind}", "          ")}{out}
+        }}
+        RowEnd{q}(o);""")
+                process = (
+                    "    for (uint64_t o = firstTile / tilesPerRow; o < lastTile / tilesPerRow; ++o) {\n"
+                    "      if (tilesPerRow == 1) {  // the row fits in one tile: read once, every pass in UB\n"
+                    "        const uint64_t off = o * inner;\n"
+                    "        const uint32_t n = static_cast<uint32_t>(inner);\n"
+                    "        CopyIn(off, 0, n);" + deque.replace("{ind}", "        ") + "\n"
+                    + "\n".join(resident) + free.replace("{ind}", "        ") + "\n"
+                    "      } else {  // every pass reads the row's tiles from GM again\n"
+                    + "\n".join(loops) + "\n      }\n    }")
             copy_in_params = "uint64_t off, uint64_t col, uint32_t n"
             state = "  uint64_t firstTile = 0, lastTile = 0, inner = 0, tilesPerRow = 0;\n  uint32_t tileLength = 0;"
             state += "".join(f"\n  float rs{k} = 0.0f;  // %{k} of the current row, broadcast over it"
