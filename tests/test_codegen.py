@@ -238,16 +238,14 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "not generated yet"),
     ("in0: f32[8,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, inner]"),
     ("in0: f32[4,10]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", "trailing axes"),
-    ("in0: i32[4,10]\n%0 = Sum in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
-    ("in0: f32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod"),
+    ("in0: i32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod of i32"),
     # the reduce generator's gaps: each one refused with its reason, never generated wrong
     ("in0: f32[?,10]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\nout0 = %1\n",
      "mixes reduced values with inputs read as reduced"),
     ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Erf %0\nout0 = %1\n", "advanced math"),
     ("in0: f32[4,6,8]\n%0 = Sum in0 axes=[0,1]\nout0 = %0\n", "trailing axes"),
     ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "trailing axes"),
-    ("in0: i32[4,10]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
-    ("in0: f32[4,10]\n%0 = Sum in0 axes=[1]\n%1 = Prod in0 axes=[1]\nout0 = %0\nout1 = %1\n", "Prod"),
+    ("in0: i32[4,10]\n%0 = Max in0 axes=[1]\n%1 = Add %0, 1\nout0 = %1\n", "arithmetic on i32 reduced"),
     ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Add in1, 1.0\nout0 = %0\nout1 = %1\n",
      "no reduction computes it"),  # a reduced-shape output from inputs only
     ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\nout0 = %0\nout1 = in1\n",
@@ -931,3 +929,79 @@ def test_softmax_and_norm_from_the_rewriter():
     want = fused.run(["softmax"], {"x": x}, original=True)[0]
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(y, softmax64(x), rtol=2e-5, atol=1e-9)
+
+
+# ---- fold reductions: Prod, and Sum/Mean/Max/Min of i32 (no vector reduce API for them) ----------
+
+FOLDS = {
+    "fold_i32": ("in0: i32[?,?]\n%0 = Sum in0 axes=[1]\n%1 = Max in0 axes=[1]\n%2 = Min in0 axes=[1]\n"
+                 "%3 = Mean in0 axes=[1]\n%4 = Sub in0, %1\nout0 = %0 -> [?]\nout1 = %1\nout2 = %2\n"
+                 "out3 = %3\nout4 = %4\n"),
+    **{f"prod_{d}": (f"in0: {d}[?,?]\n%0 = Prod in0 axes=[1]\n%1 = Mul %0, 2.0\n%2 = Div in0, %0\n"
+                     "out0 = %0\nout1 = %1\nout2 = %2\n") for d in ("f32", "f16", "bf16")},
+    "prod_3d": "in0: f32[?,?,?]\n%0 = Abs in0\n%1 = Prod %0 axes=[1,2]\n%2 = Sum in0 axes=[1,2]\nout0 = %1\nout1 = %2\n",
+}
+
+
+@pytest.fixture(scope="module")
+def folds():
+    kernels = {name: generate(text, name) for name, text in FOLDS.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    assert kernels["fold_i32"].passes == 2 and kernels["prod_f32"].passes == 2 and kernels["prod_3d"].passes == 1
+    return kernels, twin.build(kernels.values())
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (5, 30_001), (64, 256)])
+def test_fold_reductions_match_numpy(folds, cores, rows, cols):
+    kernels, lib = folds
+    rng = np.random.default_rng(rows * 3 + cols + cores)
+    x = rng.integers(-1000, 1000, (rows, cols)).astype(np.int32)
+    (s, mx, mn, mean, d), t = lib.run("fold_i32", [x], cores)
+    assert t.blockDim <= cores
+    np.testing.assert_array_equal(s.reshape(-1), x.sum(1))
+    np.testing.assert_array_equal(mx, x.max(1, keepdims=True))
+    np.testing.assert_array_equal(mn, x.min(1, keepdims=True))
+    np.testing.assert_array_equal(mean, np.trunc(x.sum(1, keepdims=True) / cols).astype(np.int32))
+    np.testing.assert_array_equal(d, x - x.max(1, keepdims=True))
+    big = rng.integers(-2**30, 2**30, (rows, cols)).astype(np.int32)  # sums wrap, as TensorFlow's do
+    (s, _, _, _, _), _ = lib.run("fold_i32", [big], cores)
+    np.testing.assert_array_equal(s.reshape(-1), big.sum(1, dtype=np.int32))
+    # products of values near 1 (and some negative) stay in range over 30001 factors
+    sign = np.where(rng.uniform(size=(rows, cols)) < 0.01, -1.0, 1.0)
+    f = sign * rng.uniform(0.995, 1.005, (rows, cols))
+    for dtype, tol in (("f32", 2e-4), ("f16", 2e-2), ("bf16", 8e-2)):
+        xs = rounded(f, dtype)
+        (p, p2, q), _ = lib.run(f"prod_{dtype}", [store(xs, dtype)], cores)
+        want = xs.prod(1, keepdims=True)
+        np.testing.assert_allclose(as_float(p, dtype), want, rtol=tol)
+        np.testing.assert_allclose(as_float(p2, dtype), 2 * want, rtol=tol)
+        np.testing.assert_allclose(as_float(q, dtype), xs / want, rtol=tol)
+    x3 = rng.uniform(0.99, 1.01, (rows, 2, cols)).astype(np.float32)
+    (p, s), _ = lib.run("prod_3d", [x3], cores)
+    np.testing.assert_allclose(p.reshape(-1), x3.astype(np.float64).prod((1, 2)), rtol=2e-4)
+    np.testing.assert_allclose(s.reshape(-1), x3.astype(np.float64).sum((1, 2)), rtol=1e-5)
+
+
+def test_fold_rows_just_fit_and_forced_tiles(folds):
+    kernels, lib = folds
+    tile = kernels["fold_i32"].ub.max_tile
+    rng = np.random.default_rng(2)
+    for cols, override in ((tile, 0), (tile + 1, 0), (3000, 128), (3000, 640)):  # 640: not a power of 2
+        x = rng.integers(-1000, 1000, (3, cols)).astype(np.int32)
+        (s, mx, mn, _, _), t = lib.run("fold_i32", [x], 8, override)
+        assert t.tilesPerRow == -(-cols // (override or tile))
+        np.testing.assert_array_equal(s.reshape(-1), x.sum(1))
+        np.testing.assert_array_equal(mx.reshape(-1), x.max(1))
+        np.testing.assert_array_equal(mn.reshape(-1), x.min(1))
+
+
+def test_twin_catches_a_vector_read_of_a_scalar_write_without_s_v_sync():
+    kernel = generate(FOLDS["prod_f32"], "mut_sv")
+    name = "mut_sv_kernel.cpp"
+    line = "      WaitFlag<HardEvent::S_V>(EVENT_ID0);\n"
+    assert line in kernel.sources[name]
+    kernel.sources[name] = kernel.sources[name].replace(line, "")
+    lib = twin.build([kernel])
+    with pytest.raises(twin.TwinError, match="SetValue without"):
+        lib.run("mut_sv", [np.ones((2, 300), np.float32)], 1)

@@ -141,6 +141,22 @@ _BROADCAST = "broadcast"
 _REDUCE = "reduce"
 REDUCE_API = {"Sum": "ReduceSum", "Mean": "ReduceSum", "Max": "ReduceMax", "Min": "ReduceMin"}
 ACCUMULATE = {"Sum": "Add", "Mean": "Add", "Max": "Max", "Min": "Min"}
+# Reductions without a vector reduce API for their type (Prod; Sum/Mean/Max/Min of i32): folded
+# element-wise into a tile-sized accumulator over the row's tiles, then halved in UB down to 8
+# lanes (32 bytes) at the row's end and finished by the scalar unit.
+FOLD_OP = {"Prod": "Mul", "Sum": "Add", "Mean": "Add", "Max": "Max", "Min": "Min"}
+FOLD_IDENTITY = {("Prod", "float"): "1.0f", ("Sum", "int32_t"): "static_cast<int32_t>(0)",
+                 ("Mean", "int32_t"): "static_cast<int32_t>(0)",
+                 ("Max", "int32_t"): "static_cast<int32_t>(INT32_MIN)",
+                 ("Min", "int32_t"): "static_cast<int32_t>(INT32_MAX)"}
+FOLD_SCALAR = {  # v = v (op) x on the scalar unit; i32 sums wrap as the vector unit's do
+    "Mul": "v = v * x;",
+    "Add": "v = static_cast<int32_t>(static_cast<uint32_t>(v) + static_cast<uint32_t>(x));",
+    "Max": "v = x > v ? x : v;", "Min": "v = x < v ? x : v;"}
+
+
+def _is_fold(inst) -> bool:
+    return inst.op == "Prod" or (inst.op in ir.REDUCTIONS and inst.operand_dtype == "i32")
 
 
 def _reduce_split(program: ir.Program):
@@ -163,10 +179,13 @@ def _reduce_split(program: ir.Program):
         return None, None, (f"reduction axes {axes} are not the trailing axes of rank {rank}: "
                             "only [outer, reduced inner] reductions are generated")
     for k, inst in enumerate(program.insts):
-        if inst.op in ir.REDUCTIONS and inst.op not in REDUCE_API:
-            return None, None, f"%{k} = {inst.op}: no vector reduction for it (ReduceSum/Max/Min only)"
-        if inst.op in ir.REDUCTIONS and inst.operand_dtype == "i32":
-            return None, None, f"%{k} = {inst.op}: i32 reductions are not generated (ReduceSum takes half/float)"
+        if inst.op in ir.REDUCTIONS and inst.op not in FOLD_OP:
+            return None, None, f"%{k} = {inst.op}: no vector reduction for it"
+        if inst.op == "Prod" and inst.operand_dtype == "i32":
+            return None, None, f"%{k} = Prod of i32 is not generated (the twin has no wrapping i32 Mul check)"
+        if (inst.op not in ir.REDUCTIONS and inst.reduced and inst.dtype == "i32"):
+            return None, None, (f"%{k} = {inst.op}: arithmetic on i32 reduced values is not generated "
+                                "(RowEnd computes in fp32)")
         if inst.op not in ir.REDUCTIONS and inst.reduced:
             continue  # computed once a row, at the row's end, from the finished reductions
         reads_reduction = any(isinstance(o, ir.Ref) and o.kind == "%" and program.insts[o.index].reduced
@@ -258,6 +277,7 @@ class _Flat:
         self.reduce = program.has_reduction
         self.reductions: list = []  # (accumulator index, op)
         self.acc_of: dict = {}  # instruction index -> accumulator index
+        self.folds: list = []  # accumulators of fold reductions (FOLD_OP): tile-sized foldBuf<a>
         # arithmetic on reduced values, done once a row in RowEnd on 32-byte buffers (rowBuf<i>)
         self.row_bodies: list = []  # per pass: RowEnd statements
         self.row_pass = 0  # the pass whose RowEnd _row_vec appends to
@@ -345,6 +365,7 @@ class _Flat:
         buffers += [(f"out{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(out_types)
                     if not out_reduced[k]]
         buffers += [(f"scratch{s}", 4, 1) for s in range(self.slots)]
+        buffers += [(f"fold{a}", 4, 1) for a in self.folds]
         fixed = 32 * len(self.reductions) + 32 * tiling.BUFFER_NUM * sum(out_reduced)
         fixed += 32 if any(op == "Mean" for _, op in self.reductions) else 0
         fixed += 32 * self.row_bufs
@@ -379,6 +400,8 @@ class _Flat:
             refs = [o for o in inst.operands if isinstance(o, ir.Ref)]
             if inst.op in ir.REDUCTIONS:
                 self.acc_of[k] = len(self.reductions)
+                if _is_fold(inst):
+                    self.folds.append(len(self.reductions))
                 self.reductions.append((len(self.reductions), inst.op))
                 self.pass_of[k] = need_of(refs[0])
             elif self.reduce and inst.reduced:
@@ -409,6 +432,17 @@ class _Flat:
     def _emit(self, k, inst, loc, direct, last_use, output_refs):
         """Compute statements of %k for one tile (the current pass)."""
         ctype = STORAGE[inst.operand_dtype]
+        if _is_fold(inst):  # element-wise into the tile accumulator (identity lanes past the row)
+            acc = self.acc_of[k]
+            src, _ = self._operand(inst.operands[0], loc)
+            self._vec(f"if (j == 0) {{ Duplicate(f{acc}, {FOLD_IDENTITY[(inst.op, ctype)]}, "
+                      "static_cast<int32_t>(tileLength)); PipeBarrier<PIPE_V>(); }")
+            self._vec(f"{FOLD_OP[inst.op]}(f{acc}, f{acc}, {src}, static_cast<int32_t>(n));")
+            loc[ir.Ref("%", k)] = (f"acc{acc}", ctype, None)
+            o = inst.operands[0]
+            if last_use.get(o) == k and o not in output_refs:
+                self._drop(o, loc)
+            return
         if inst.op in REDUCE_API:  # this tile's part of the row, folded into the accumulator
             acc = self.acc_of[k]
             src, _ = self._operand(inst.operands[0], loc)
@@ -513,11 +547,12 @@ class _Flat:
             loc[ref] = (view, ctype, slot)
         if ref not in loc and ref.kind == "%":
             # a reduced value read over the full shape (a later pass): the row's scalar
+            rtype = STORAGE[self.p.insts[ref.index].dtype]
             slot = self._alloc()
-            view = self._view(slot, "float")
+            view = self._view(slot, rtype)
             self._vec(f"Duplicate({view}, rs{ref.index}, cn);")
             self.scalars.add(ref.index)
-            loc[ref] = (view, "float", slot)
+            loc[ref] = (view, rtype, slot)
         if ref not in loc:  # a 16-bit input: widen it into a scratch slot
             slot = self._alloc()
             view = self._view(slot, "float")
@@ -536,6 +571,9 @@ class _Flat:
             if body:
                 body.append("PipeBarrier<PIPE_V>();")
             body.append(s)
+
+    def _acc_type(self, acc: int) -> str:
+        return STORAGE[self.p.insts[self._acc_inst(acc)].operand_dtype]
 
     def _acc_inst(self, acc: int) -> int:
         return next(k for k, a in self.acc_of.items() if a == acc)
@@ -594,6 +632,7 @@ class _Flat:
             members.append(f"  TQue<TPosition::VECOUT, BUFFER_NUM> outQue{k};")
             members.append(f"  GlobalTensor<{t}> out{k}Gm;")
         members += [f"  TBuf<TPosition::VECCALC> calc{s};" for s in range(self.slots)]
+        members += [f"  TBuf<TPosition::VECCALC> foldBuf{a};  // tile accumulator" for a in self.folds]
         members += [f"  TBuf<TPosition::VECCALC> accBuf{a};  // row accumulator of %{op}"
                     for a, op in self.reductions]
         has_mean = any(op == "Mean" for _, op in self.reductions)
@@ -623,6 +662,7 @@ class _Flat:
                 init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k} + start, len);")
             init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
         init += [f"    pipe.InitBuffer(accBuf{a}, 32);" for a, _ in self.reductions]
+        init += [f"    pipe.InitBuffer(foldBuf{a}, t.tileLength * 4);" for a in self.folds]
         if has_mean:
             init.append("    pipe.InitBuffer(rowTmp, 32);")
         init += [f"    pipe.InitBuffer(rowBuf{i}, 32);" for i in range(self.row_bufs)]
@@ -667,7 +707,10 @@ class _Flat:
             if final:
                 lines += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();"
                           for k, t in enumerate(out_types) if not out_red[k]]
-            lines += [f"    LocalTensor<float> acc{a} = accBuf{a}.Get<float>();" for a, _ in self.reductions]
+            lines += [f"    LocalTensor<{self._acc_type(a)}> acc{a} = accBuf{a}.Get<{self._acc_type(a)}>();"
+                      for a, _ in self.reductions]
+            lines += [f"    LocalTensor<{self._acc_type(a)}> f{a} = foldBuf{a}.Get<{self._acc_type(a)}>();"
+                      for a in self.folds]
             if self.reduce:
                 lines.insert(0, "    PipeBarrier<PIPE_V>();  // the accumulators were written by the last tile")
             for (slot, ctype), view in sorted(self.views.items()):
@@ -681,8 +724,42 @@ class _Flat:
         def row_end_source(q):
             final = q + 1 == P
             lines = ["    PipeBarrier<PIPE_V>();"]
-            lines += [f"    LocalTensor<float> acc{a} = accBuf{a}.Get<float>();" for a, _ in self.reductions]
-            means = [a for a, op in self.reductions if op == "Mean" and self.pass_of[self._acc_inst(a)] == q]
+            lines += [f"    LocalTensor<{self._acc_type(a)}> acc{a} = accBuf{a}.Get<{self._acc_type(a)}>();"
+                      for a, _ in self.reductions]
+            lines += [f"    LocalTensor<{self._acc_type(a)}> f{a} = foldBuf{a}.Get<{self._acc_type(a)}>();"
+                      for a in self.folds]
+            for a in self.folds:
+                if self.pass_of[self._acc_inst(a)] != q:
+                    continue
+                inst = self.p.insts[self._acc_inst(a)]
+                at = self._acc_type(a)
+                mean = ("\n    v = static_cast<int32_t>(static_cast<int64_t>(v) / static_cast<int64_t>(inner));"
+                        if inst.op == "Mean" else "")
+                lines.append(f"""\
+    {{  // finish %{self._acc_inst(a)} = {inst.op}: halve the tile accumulator to 8 lanes, fold those on the scalar unit
+      uint32_t len = tileLength, half = 8;
+      while (half * 2 <= len) half *= 2;
+      if (len > half) {{
+        {FOLD_OP[inst.op]}(f{a}, f{a}, f{a}[half], static_cast<int32_t>(len - half));
+        PipeBarrier<PIPE_V>();
+      }}
+      for (half /= 2; half >= 8; half /= 2) {{
+        {FOLD_OP[inst.op]}(f{a}, f{a}, f{a}[half], static_cast<int32_t>(half));
+        PipeBarrier<PIPE_V>();
+      }}
+      SetFlag<HardEvent::V_S>(EVENT_ID0);
+      WaitFlag<HardEvent::V_S>(EVENT_ID0);
+      {at} v = f{a}.GetValue(0);
+      for (uint32_t i = 1; i < 8; ++i) {{
+        const {at} x = f{a}.GetValue(i);
+        {FOLD_SCALAR[FOLD_OP[inst.op]]}
+      }}{mean}
+      acc{a}.SetValue(0, v);
+      SetFlag<HardEvent::S_V>(EVENT_ID0);
+      WaitFlag<HardEvent::S_V>(EVENT_ID0);
+    }}""")
+            means = [a for a, op in self.reductions if op == "Mean" and self.pass_of[self._acc_inst(a)] == q
+                     and a not in self.folds]
             if means:
                 lines += ["    LocalTensor<float> tmp = rowTmp.Get<float>();",
                           "    Duplicate(tmp, static_cast<float>(inner), 8);", "    PipeBarrier<PIPE_V>();"]
@@ -701,6 +778,7 @@ class _Flat:
                     continue
                 value = self._reduced_value(self.p.outputs[k].ref.index)
                 convert = (f"Muls(r{k}, {value}, 1.0f, 8);" if t == "float"
+                           else f"Adds(r{k}, {value}, static_cast<int32_t>(0), 8);" if t == "int32_t"
                            else f"Cast(r{k}, {value}, RoundMode::CAST_RINT, 8);")
                 lines.append(f"""\
     LocalTensor<{t}> r{k} = outQue{k}.AllocTensor<{t}>();
@@ -784,8 +862,8 @@ class _Flat:
                     + "\n".join(loops) + "\n      }\n    }")
             copy_in_params = "uint64_t off, uint64_t col, uint32_t n"
             state = "  uint64_t firstTile = 0, lastTile = 0, inner = 0, tilesPerRow = 0;\n  uint32_t tileLength = 0;"
-            state += "".join(f"\n  float rs{k} = 0.0f;  // %{k} of the current row, broadcast over it"
-                             for k in sorted(self.scalars))
+            state += "".join(f"\n  {STORAGE[self.p.insts[k].dtype]} rs{k} = 0;  // %{k} of the current row, "
+                             "broadcast over it" for k in sorted(self.scalars))
         else:
             prelude = """\
     const uint64_t block = GetBlockIdx();

@@ -140,6 +140,7 @@ struct Block {
   std::vector<std::string> errors;  // found after the kernel returned (destructors)
   std::vector<std::pair<uint32_t, uint32_t>> dirty;  // UB ranges written since the last barrier
   std::vector<std::pair<uint32_t, uint32_t>> unsynced_s;  // UB written since the last V->S WaitFlag
+  std::vector<std::pair<uint32_t, uint32_t>> unsynced_v;  // UB SetValue'd since the last S->V WaitFlag
   uint64_t vector_ops = 0, copies = 0;
 };
 inline Block*& Current() {
@@ -204,7 +205,14 @@ class LocalTensor {
                    "SetFlag/WaitFlag<HardEvent::V_S> in between");
     return p[i];
   }
-  void SetValue(uint32_t i, T v) { Data(i + 1, "SetValue")[i] = v; }
+  void SetValue(uint32_t i, T v) {  // a scalar write: vector reads need SetFlag/WaitFlag<HardEvent::S_V>
+    Data(i + 1, "SetValue")[i] = v;
+    twin::Cur().unsynced_v.push_back({static_cast<uint32_t>(offset_ + i * sizeof(T)), sizeof(T)});
+  }
+  LocalTensor operator[](uint32_t offset) const {  // elements [offset, size) of this tensor
+    Data(offset, "LocalTensor[]");
+    return LocalTensor(slot_, generation_, offset_ + offset * sizeof(T), count_ - offset, owner_);
+  }
 
  private:
   twin::Slot* slot_ = nullptr;
@@ -482,6 +490,10 @@ void Read(const LocalTensor<T>& t, int32_t count, const char* api) {
     if (Overlaps(t.UbOffset(), bytes, d.first, d.second))
       twin::Fail(std::string(api) + ": reads UB written by the previous vector instruction "
                  "without PipeBarrier<PIPE_V>()");
+  for (auto& d : twin::Cur().unsynced_v)
+    if (Overlaps(t.UbOffset(), bytes, d.first, d.second))
+      twin::Fail(std::string(api) + ": reads UB written by LocalTensor::SetValue without "
+                 "SetFlag/WaitFlag<HardEvent::S_V> in between");
 }
 template <typename T>
 T* Write(const LocalTensor<T>& t, int32_t count, const char* api) {
@@ -724,7 +736,10 @@ void Cast(LocalTensor<D>& dst, const LocalTensor<S>& src, const RoundMode& mode,
 // ---- APIs added for reduce/broadcast schedules ----
 // Vector -> scalar synchronisation: the scalar unit may read UB (LocalTensor::GetValue) written by
 // a vector instruction only after SetFlag<HardEvent::V_S>(id) and WaitFlag<HardEvent::V_S>(id) of
-// the same event id; a WaitFlag without its SetFlag is an error.
+// the same event id; a WaitFlag without its SetFlag is an error. Likewise a vector instruction may
+// read UB written by LocalTensor::SetValue only after SetFlag/WaitFlag<HardEvent::S_V>.
+// (LocalTensor::operator[], GetValue's and SetValue's checks and Read's S_V check live in the
+// class and in detail::Read above.)
 enum class HardEvent { V_S, S_V, MTE2_V, V_MTE3, MTE2_S, MTE3_S };
 }  // namespace AscendC
 enum event_t : int { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_ID5, EVENT_ID6, EVENT_ID7 };
@@ -752,6 +767,7 @@ inline void WaitFlag(int32_t id) {
   if (pending <= 0) twin::Fail("WaitFlag without a matching SetFlag of the same event and id");
   --pending;
   if (e == HardEvent::V_S || e == HardEvent::MTE2_S) twin::Cur().unsynced_s.clear();
+  if (e == HardEvent::S_V) twin::Cur().unsynced_v.clear();
 }
 // ---- end of APIs added for reduce/broadcast schedules ----
 }  // namespace AscendC
