@@ -49,6 +49,15 @@ class Kernel:
     rank: int = 0  # broadcast schedule: rank of the iteration shape
     out_reduced: tuple = ()  # reduce schedule: per output, True when it is a reduced value
     passes: int = 1  # reduce schedule: passes over each row
+    split2: Optional[int] = None  # column schedule: axes [split, split2) reduced, [split2, rank) kept
+
+    def column_dims(self, iteration_shape) -> tuple:
+        """(outer, mid, inner) of the column schedule."""
+        shape = tuple(iteration_shape)
+        dims = [1, 1, 1]
+        for a, d in enumerate(shape):
+            dims[0 if a < self.split else 1 if a < self.split2 else 2] *= d
+        return tuple(dims)
 
     @property
     def digest(self) -> str:
@@ -109,15 +118,17 @@ def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> K
     except ValueError as err:
         return Kernel(name, text, False, f"the program does not parse: {err}")
     reason = _schedule(program)
-    split = patterns = None
+    split = patterns = split2 = None
     if reason == _BROADCAST:
         split, patterns, reason = _split(program)
     elif reason == _REDUCE:
         split, patterns, reason = _reduce_split(program)
+        if isinstance(split, tuple):  # the column schedule: axes [split, split2) reduced
+            split, split2 = split
     if reason:
         return Kernel(name, text, False, reason)
     try:
-        return _Flat(name, program, blacklist, split, patterns).kernel()
+        return _Flat(name, program, blacklist, split, patterns, split2).kernel()
     except _Refused as refused:
         return Kernel(name, text, False, str(refused))
 
@@ -176,8 +187,7 @@ def _reduce_split(program: ir.Program):
     except ValueError:
         return None, None, "reductions need axes=[...]"
     if axes != list(range(axes[0], rank)):
-        return None, None, (f"reduction axes {axes} are not the trailing axes of rank {rank}: "
-                            "only [outer, reduced inner] reductions are generated")
+        return _column_split(program, axes, rank)
     for k, inst in enumerate(program.insts):
         if inst.op in ir.REDUCTIONS and inst.op not in FOLD_OP:
             return None, None, f"%{k} = {inst.op}: no vector reduction for it"
@@ -203,6 +213,31 @@ def _reduce_split(program: ir.Program):
     if patterns is None:
         return None, None, f"the inputs' views do not split at the reduced axes {axes}"
     return split, patterns, ""
+
+
+def _column_split(program: ir.Program, axes, rank: int):
+    """The column schedule: reduced axes followed by kept ones, the iteration shape read as
+    [outer, mid (reduced), inner]; ((split, split2), patterns, "") or (None, None, reason)."""
+    padded = {(1,) * (rank - len(i.view)) + tuple(i.view) for i in program.inputs}
+    if len(padded) != 1 or (1 in padded.pop()[axes[0]:axes[-1] + 1]):
+        return None, None, (f"reduction over the non-trailing axes {axes} with broadcast inputs (or a "
+                            "broadcast reduced axis): the column schedule reads every input in full")
+    for k, inst in enumerate(program.insts):
+        if inst.op in ir.REDUCTIONS and inst.op not in FOLD_OP:
+            return None, None, f"%{k} = {inst.op}: no vector reduction for it"
+        if inst.op == "Prod" and inst.operand_dtype == "i32":
+            return None, None, f"%{k} = Prod of i32 is not generated (the twin has no wrapping i32 Mul check)"
+        if inst.op == "Mean" and inst.operand_dtype == "i32":
+            return None, None, (f"%{k} = Mean of i32 over non-trailing axes {axes}: no element-wise "
+                                "truncating division on the vector unit")
+        if inst.op not in ir.REDUCTIONS and inst.reduced:
+            return None, None, (f"%{k} = {inst.op}: arithmetic on reduced values over the non-trailing "
+                                f"axes {axes} is not generated yet")
+        if inst.op not in ir.REDUCTIONS and any(
+                isinstance(o, ir.Ref) and o.kind == "%" and program.insts[o.index].reduced for o in inst.operands):
+            return None, None, (f"%{k} = {inst.op} reads a value reduced over the non-trailing axes "
+                                f"{axes}: several passes over columns are not generated yet")
+    return (axes[0], axes[-1] + 1), ("full",) * len(program.inputs), ""
 
 
 def _patterns_at(program: ir.Program, split: int, rank: int):
@@ -269,9 +304,12 @@ class _Refused(Exception):
 class _Flat:
     """The flat schedule: every value is a tile of the same element range."""
 
-    def __init__(self, name: str, program: ir.Program, blacklist: frozenset, split=None, patterns=None):
+    def __init__(self, name: str, program: ir.Program, blacklist: frozenset, split=None, patterns=None,
+                 split2=None):
         self.name, self.p, self.blacklist = name, program, blacklist
         self.split = split
+        self.split2 = split2
+        self.column = split2 is not None  # [outer, mid (reduced), inner]: items walk the mid axis
         self.patterns = patterns or ("full",) * len(program.inputs)
         self.queued = [pat in ("full", "row") for pat in self.patterns]
         self.reduce = program.has_reduction
@@ -363,10 +401,10 @@ class _Flat:
         buffers = [(f"in{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(in_types)
                    if self.queued[k]]
         buffers += [(f"out{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(out_types)
-                    if not out_reduced[k]]
+                    if not out_reduced[k] or self.column]
         buffers += [(f"scratch{s}", 4, 1) for s in range(self.slots)]
         buffers += [(f"fold{a}", 4, 1) for a in self.folds]
-        fixed = 32 * len(self.reductions) + 32 * tiling.BUFFER_NUM * sum(out_reduced)
+        fixed = 32 * len(self.reductions) + (0 if self.column else 32 * tiling.BUFFER_NUM * sum(out_reduced))
         fixed += 32 if any(op == "Mean" for _, op in self.reductions) else 0
         fixed += 32 * self.row_bufs
         ub = tiling.plan_ub(buffers, fixed)
@@ -382,7 +420,7 @@ class _Flat:
         rank = 0 if self.split is None else max(len(i.view) for i in p.inputs)
         return Kernel(self.name, p.text, True, "", sources, ub, tuple(in_types), tuple(out_types),
                       tuple(self.half_ops), self.split, tuple(self.patterns) if self.split is not None else (),
-                      rank, tuple(out_reduced), self.n_passes)
+                      rank, tuple(out_reduced), self.n_passes, self.split2)
 
     def _plan_passes(self, output_refs):
         """Accumulators, and the pass of every reduced value: a reduction whose operand reads
@@ -400,7 +438,7 @@ class _Flat:
             refs = [o for o in inst.operands if isinstance(o, ir.Ref)]
             if inst.op in ir.REDUCTIONS:
                 self.acc_of[k] = len(self.reductions)
-                if _is_fold(inst):
+                if _is_fold(inst) or self.column:
                     self.folds.append(len(self.reductions))
                 self.reductions.append((len(self.reductions), inst.op))
                 self.pass_of[k] = need_of(refs[0])
@@ -432,6 +470,17 @@ class _Flat:
     def _emit(self, k, inst, loc, direct, last_use, output_refs):
         """Compute statements of %k for one tile (the current pass)."""
         ctype = STORAGE[inst.operand_dtype]
+        if self.column and inst.op in ir.REDUCTIONS:  # element-wise over the mid axis (j: its index)
+            acc = self.acc_of[k]
+            src, _ = self._operand(inst.operands[0], loc)
+            first = (f"Muls(f{acc}, {src}, 1.0f, cn);" if ctype == "float"
+                     else f"Adds(f{acc}, {src}, static_cast<int32_t>(0), cn);")
+            self._vec(f"if (j == 0) {{ {first} }} else {{ {FOLD_OP[inst.op]}(f{acc}, f{acc}, {src}, cn); }}")
+            loc[ir.Ref("%", k)] = (f"f{acc}", ctype, None)
+            o = inst.operands[0]
+            if last_use.get(o) == k and o not in output_refs:
+                self._drop(o, loc)
+            return
         if _is_fold(inst):  # element-wise into the tile accumulator (identity lanes past the row)
             acc = self.acc_of[k]
             src, _ = self._operand(inst.operands[0], loc)
@@ -572,6 +621,38 @@ class _Flat:
                 body.append("PipeBarrier<PIPE_V>();")
             body.append(s)
 
+    def _item_end_source(self, out_types, out_red) -> str:
+        """Column schedule: the mid axis is done for the item's inner chunk: finish Mean, write
+        each reduced output's chunk."""
+        lines = ["    PipeBarrier<PIPE_V>();", "    const int32_t cn = static_cast<int32_t>((n + ALIGN - 1) / ALIGN * ALIGN);"]
+        lines += [f"    LocalTensor<{self._acc_type(a)}> f{a} = foldBuf{a}.Get<{self._acc_type(a)}>();"
+                  for a in self.folds]
+        for a, op in self.reductions:
+            if op == "Mean":  # float only (i32 Mean is refused): one rounding more than a division
+                lines += [f"    Muls(f{a}, f{a}, 1.0f / static_cast<float>(mid), cn);", "    PipeBarrier<PIPE_V>();"]
+        for k, t in enumerate(out_types):
+            if not out_red[k]:
+                continue
+            a = self.acc_of[self.p.outputs[k].ref.index]
+            at = self._acc_type(a)
+            convert = (f"Muls(r{k}, f{a}, 1.0f, cn);" if t == at == "float"
+                       else f"Adds(r{k}, f{a}, static_cast<int32_t>(0), cn);" if t == at
+                       else f"Cast(r{k}, f{a}, RoundMode::CAST_RINT, cn);")
+            lines.append(f"""\
+    LocalTensor<{t}> r{k} = outQue{k}.AllocTensor<{t}>();
+    {convert}
+    outQue{k}.EnQue(r{k});
+    r{k} = outQue{k}.DeQue<{t}>();
+    if ((n * sizeof({t})) % 32 == 0) {{
+      DataCopy(out{k}Gm[ro], r{k}, n);
+    }} else {{
+      DataCopyExtParams copy{k}{{1, static_cast<uint32_t>(n * sizeof({t})), 0, 0, 0}};
+      DataCopyPad(out{k}Gm[ro], r{k}, copy{k});
+    }}
+    outQue{k}.FreeTensor(r{k});""")
+        return ("  // The item's mid axis is done: finish Mean, write each reduced output's chunk at ro.\n"
+                "  __aicore__ inline void ItemEnd(uint64_t ro, uint32_t n) {\n" + "\n".join(lines) + "\n  }\n")
+
     def _acc_type(self, acc: int) -> str:
         return STORAGE[self.p.insts[self._acc_inst(acc)].operand_dtype]
 
@@ -614,7 +695,7 @@ class _Flat:
         guard = f"{self.name.upper()}_TILING_H_"
         return (f"// Tiling data of {self.name}: computed on the host, read by the kernel.\n"
                 f"#ifndef {guard}\n#define {guard}\n#include <cstdint>\n\n"
-                f"{tiling.cpp_struct(self.name + '_TilingData', self.split is not None)}\n"
+                f"{tiling.cpp_struct(self.name + '_TilingData', self.split is not None, self.column)}\n"
                 f"#endif  // {guard}\n")
 
     def _kernel_source(self, in_types, out_types, ub) -> str:
@@ -643,6 +724,8 @@ class _Flat:
         out_red = getattr(self, "out_reduced", [False] * nout)
         bcast = self.split is not None
         extent = {"full": "t.outer * t.inner", "row": "t.inner", "col": "t.outer", "scalar": "1"}
+        if self.column:
+            extent["full"] = "t.outer * t.mid * t.inner"
         init = []
         for k, t in enumerate(in_types):
             if bcast:
@@ -652,12 +735,16 @@ class _Flat:
             if self.queued[k]:
                 init.append(f"    pipe.InitBuffer(inQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
         for k, t in enumerate(out_types):
+            if out_red[k] and self.column:
+                init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer * t.inner);")
+                init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+                continue
             if out_red[k]:
                 init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer);")
                 init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, 32);")
                 continue
             if bcast:
-                init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer * t.inner);")
+                init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, {extent['full']});")
             else:
                 init.append(f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k} + start, len);")
             init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
@@ -813,6 +900,8 @@ class _Flat:
                             + "\n".join(compute_lines(body, q + 1 == P)) + "\n  }\n")
         compute_src = "".join(computes)
         row_end = "".join(row_end_source(q) for q in range(P)) if self.reduce else ""
+        if self.column:
+            row_end = self._item_end_source(out_types, out_red)
         if bcast:
             prelude = """\
     const uint64_t first = GetBlockIdx() * t.tilesPerBlock;
@@ -860,8 +949,25 @@ class _Flat:
                     + "\n".join(resident) + free.replace("{ind}", "        ") + "\n"
                     "      } else {  // every pass reads the row's tiles from GM again\n"
                     + "\n".join(loops) + "\n      }\n    }")
+            if self.column:
+                prelude = prelude.replace("    inner = t.inner;", "    inner = t.inner;\n    mid = t.mid;")
+                process = """\
+    for (uint64_t g = firstTile; g < lastTile; ++g) {
+      const uint64_t o = g / tilesPerRow;  // outer index
+      const uint64_t col = (g % tilesPerRow) * tileLength;  // inner offset
+      const uint32_t n = static_cast<uint32_t>(inner - col < tileLength ? inner - col : tileLength);
+      for (uint64_t j = 0; j < mid; ++j) {  // the reduced (mid) axis, accumulated element-wise
+        const uint64_t off = (o * mid + j) * inner + col;
+        CopyIn(off, col, n);
+        Compute(o, j, n);
+        CopyOut(off, n);
+      }
+      ItemEnd(o * inner + col, n);
+    }"""
             copy_in_params = "uint64_t off, uint64_t col, uint32_t n"
             state = "  uint64_t firstTile = 0, lastTile = 0, inner = 0, tilesPerRow = 0;\n  uint32_t tileLength = 0;"
+            if self.column:
+                state += "\n  uint64_t mid = 0;"
             state += "".join(f"\n  {STORAGE[self.p.insts[k].dtype]} rs{k} = 0;  // %{k} of the current row, "
                              "broadcast over it" for k in sorted(self.scalars))
         else:
@@ -888,6 +994,9 @@ class _Flat:
                     + ", ".join(f"in{k} {pat}" for k, pat in enumerate(self.patterns)))
         if P > 1:
             schedule += f"; {P} passes over each row (re-read from GM)"
+        if self.column:
+            schedule = (f"column reduce: the iteration shape as [outer, mid, inner] = axes [0, {self.split}), "
+                        f"[{self.split}, {self.split2}) reduced, [{self.split2}, rank); inputs full")
 
         half_note = ("// Computed in half (--autofuse_enhance_precision_blacklist): "
                      + ", ".join(self.half_ops) + "\n") if self.half_ops else ""
@@ -969,7 +1078,21 @@ extern "C" __global__ __aicore__ void {n}({gm_args}, GM_ADDR workspace, GM_ADDR 
             in_bytes = "\n".join(f"  bytes[{k}] = ({extent[pat]}) * {n}_IN_SIZES[{k}];"
                                  for k, pat in enumerate(self.patterns))
         out_red = getattr(self, "out_reduced", [False] * nout)
-        out_bytes = "\n".join(f"  bytes[{nin + k}] = {'outer' if out_red[k] else 'a->total'} * {n}_OUT_SIZES[{k}];"
+        if self.column:
+            rank = max(len(i.view) for i in self.p.inputs)
+            tiling_fn = tiling.cpp_column_function(n, n + "_TilingData", ub.max_tile)
+            tiling_call = f"""\
+  if (a->rank != {rank} || (a->rank && !a->shape))
+    return autofuse_launch_fail(a, -1, "{n}: the iteration shape must have rank {rank}");
+  uint64_t dims[3] = {{1, 1, 1}};
+  for (uint32_t d = 0; d < a->rank; ++d)
+    dims[d < {self.split} ? 0 : d < {self.split2} ? 1 : 2] *= static_cast<uint64_t>(a->shape[d]);
+  const uint64_t outer = dims[0], inner = dims[2];
+  if (dims[0] * dims[1] * dims[2] != a->total) return autofuse_launch_fail(a, -1, "{n}: total != product of the shape");
+  if ({n}_tiling(dims[0], dims[1], dims[2], core_num, 0, &t) != 0) return autofuse_launch_fail(a, -1, "{n}: tiling failed");"""
+            in_bytes = "\n".join(f"  bytes[{k}] = a->total * {n}_IN_SIZES[{k}];" for k in range(nin))
+        reduced_extent = "outer * inner" if self.column else "outer"
+        out_bytes = "\n".join(f"  bytes[{nin + k}] = {reduced_extent if out_red[k] else 'a->total'} * {n}_OUT_SIZES[{k}];"
                               for k in range(nout))
         return f"""\
 // Host side of {n}: the tiling function and the ACL launch glue.
