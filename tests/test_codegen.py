@@ -237,14 +237,15 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "advanced math"),
     ("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "not generated yet"),
     ("in0: f32[8,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, inner]"),
-    ("in0: f32[4,10]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", "trailing axes"),
+    ("in0: f32[4,10]\nin1: f32[10]\n%0 = Mul in0, in1\n%1 = Sum %0 axes=[0]\nout0 = %1\n", "column schedule reads every input in full"),
     ("in0: i32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod of i32"),
     # the reduce generator's gaps: each one refused with its reason, never generated wrong
     ("in0: f32[?,10]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\nout0 = %1\n",
      "mixes reduced values with inputs read as reduced"),
     ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Erf %0\nout0 = %1\n", "advanced math"),
-    ("in0: f32[4,6,8]\n%0 = Sum in0 axes=[0,1]\nout0 = %0\n", "trailing axes"),
-    ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "trailing axes"),
+    ("in0: i32[4,6,8]\n%0 = Mean in0 axes=[0,1]\nout0 = %0\n", "truncating division"),
+    ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "several passes over columns"),
+    ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\n%1 = Mul %0, 2.0\nout0 = %1\n", "arithmetic on reduced values over the non-trailing"),
     ("in0: i32[4,10]\n%0 = Max in0 axes=[1]\n%1 = Add %0, 1\nout0 = %1\n", "arithmetic on i32 reduced"),
     ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Add in1, 1.0\nout0 = %0\nout1 = %1\n",
      "no reduction computes it"),  # a reduced-shape output from inputs only
@@ -1005,3 +1006,86 @@ def test_twin_catches_a_vector_read_of_a_scalar_write_without_s_v_sync():
     lib = twin.build([kernel])
     with pytest.raises(twin.TwinError, match="SetValue without"):
         lib.run("mut_sv", [np.ones((2, 300), np.float32)], 1)
+
+
+# ---- reductions over non-trailing axes: the column schedule ------------------------------------
+
+COLUMNS = {
+    "col_2d": ("in0: f32[?,?]\n%0 = Abs in0\n%1 = Sum %0 axes=[0]\n%2 = Max in0 axes=[0]\n%3 = Mean in0 axes=[0]\n"
+               "%4 = Prod in0 axes=[0]\nout0 = %1\nout1 = %2 -> [?]\nout2 = %3\nout3 = %4\nout4 = %0\n"),
+    "col_f16_mid": "in0: f16[?,?,?]\n%0 = Sum in0 axes=[1]\n%1 = Min in0 axes=[1]\nout0 = %0\nout1 = %1\n",
+    "col_bf16": "in0: bf16[?,?]\n%0 = Square in0\n%1 = Mean %0 axes=[0]\nout0 = %1\n",
+    "col_i32_4d": "in0: i32[?,?,?,?]\n%0 = Sum in0 axes=[1,2]\n%1 = Max in0 axes=[1,2]\n%2 = Min in0 axes=[1,2]\n"
+                  "out0 = %0\nout1 = %1\nout2 = %2\n",
+}
+
+
+@pytest.fixture(scope="module")
+def columns():
+    kernels = {name: generate(text, name) for name, text in COLUMNS.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    assert kernels["col_2d"].split == 0 and kernels["col_2d"].split2 == 1
+    assert kernels["col_i32_4d"].split == 1 and kernels["col_i32_4d"].split2 == 3
+    return kernels, twin.build(kernels.values())
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (5, 30_001), (300, 256)])
+def test_column_reductions_match_numpy(columns, cores, rows, cols):
+    kernels, lib = columns
+    rng = np.random.default_rng(rows + cols * 5 + cores)
+    x = rng.uniform(0.99, 1.01, (rows, cols)) * np.where(rng.uniform(size=(rows, cols)) < 0.5, -1, 1)
+    x = x.astype(np.float32)
+    (s, mx, mean, prod, a), t = lib.run("col_2d", [x], cores)
+    x64 = x.astype(np.float64)
+    assert s.shape == (1, cols) and a.shape == (rows, cols)
+    assert t == tiling.compute_column(1, rows, cols, cores, kernels["col_2d"].ub.max_tile)
+    assert t.blockDim <= cores and t.blockDim == -(-t.totalTiles // t.tilesPerBlock)
+    np.testing.assert_allclose(s, np.abs(x64).sum(0, keepdims=True), rtol=1e-5)
+    np.testing.assert_array_equal(mx.reshape(-1), x.max(0))
+    np.testing.assert_allclose(mean, x64.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(prod, x64.prod(0, keepdims=True), rtol=1e-4)
+    np.testing.assert_array_equal(a, np.abs(x))
+    h = rng.uniform(-1, 1, (3, rows, cols)).astype(np.float16)
+    (s, mn), _ = lib.run("col_f16_mid", [h], cores)
+    assert s.shape == (3, 1, cols)
+    np.testing.assert_allclose(s.astype(np.float64), h.astype(np.float64).sum(1, keepdims=True),
+                               rtol=2e-3, atol=2e-3 * max(1, rows) ** 0.5)
+    np.testing.assert_array_equal(mn, h.min(1, keepdims=True))
+    b = rounded(rng.uniform(-2, 2, (rows, cols)), "bf16")
+    (m,), _ = lib.run("col_bf16", [store(b, "bf16")], cores)
+    want = (b.astype(np.float32) ** 2).astype(np.float64).mean(0, keepdims=True)
+    np.testing.assert_allclose(as_float(m, "bf16"), want, rtol=1e-2)
+    xi = rng.integers(-2**30, 2**30, (2, rows, 3, cols)).astype(np.int32)  # sums wrap
+    (s, mx, mn), _ = lib.run("col_i32_4d", [xi], cores)
+    np.testing.assert_array_equal(s, xi.sum((1, 2), keepdims=True, dtype=np.int32))
+    np.testing.assert_array_equal(mx, xi.max((1, 2), keepdims=True))
+    np.testing.assert_array_equal(mn, xi.min((1, 2), keepdims=True))
+
+
+def test_column_tiles_that_just_fit_and_forced_tiles(columns):
+    kernels, lib = columns
+    tile = kernels["col_2d"].ub.max_tile
+    assert kernels["col_2d"].ub.ub_bytes(tile) <= tiling.UB_BUDGET
+    rng = np.random.default_rng(9)
+    for cols, override, per_row in ((tile, 0, 1), (tile + 1, 0, 2), (1000, 128, 8)):
+        x = rng.uniform(-1, 1, (4, cols)).astype(np.float32)
+        (s, mx, _, _, _), t = lib.run("col_2d", [x], 1, override)
+        assert t.tilesPerRow == per_row
+        np.testing.assert_allclose(s, np.abs(x.astype(np.float64)).sum(0, keepdims=True), rtol=1e-5)
+        np.testing.assert_array_equal(mx.reshape(-1), x.max(0))
+    with pytest.raises(twin.TwinError, match="UB overflow"):
+        lib.run("col_2d", [np.ones((2, 2 * tile), np.float32)], 1, tile_override=tile + tiling.ALIGN_ELEMS)
+
+
+def test_column_reduction_through_the_launcher():
+    kernel = generate(COLUMNS["col_i32_4d"], "col_launch")
+    lib = twin.build([kernel], acl=True)
+    x = np.random.default_rng(3).integers(-50, 50, (3, 7, 5, 333)).astype(np.int32)
+    (s, mx, mn), t = lib.launch(kernel.name, [x], core_num=8)
+    np.testing.assert_array_equal(s, x.sum((1, 2), keepdims=True))
+    np.testing.assert_array_equal(mx, x.max((1, 2), keepdims=True))
+    np.testing.assert_array_equal(mn, x.min((1, 2), keepdims=True))
+    assert (t.outer, t.mid, t.inner) == (3, 35, 333)
+    assert t == tiling.compute_column(3, 35, 333, 8, kernel.ub.max_tile)  # the C++ tiling = its mirror
+    assert (t.tilesPerRow, t.blockDim) == (3, 5)  # 3 chunks of 128 a row; 9 items, 2 a block
