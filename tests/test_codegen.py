@@ -236,7 +236,7 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f64[?]\n%0 = Abs in0\nout0 = %0\n", "f64"),
     ("in0: f32[?]\n%0 = Erf in0\nout0 = %0\n", "advanced math"),
     ("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "not generated yet"),
-    ("in0: f32[8,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, inner]"),
+    ("in0: f32[4,1,6,1]\nin1: f32[4,5,6,7]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, mid, inner]"),
     ("in0: f32[4,10]\nin1: f32[10]\n%0 = Mul in0, in1\n%1 = Sum %0 axes=[0]\nout0 = %1\n", "column schedule reads every input in full"),
     ("in0: i32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod of i32"),
     # the reduce generator's gaps: each one refused with its reason, never generated wrong
@@ -1089,3 +1089,77 @@ def test_column_reduction_through_the_launcher():
     assert (t.outer, t.mid, t.inner) == (3, 35, 333)
     assert t == tiling.compute_column(3, 35, 333, 8, kernel.ub.max_tile)  # the C++ tiling = its mirror
     assert (t.tilesPerRow, t.blockDim) == (3, 5)  # 3 chunks of 128 a row; 9 items, 2 a block
+
+
+# ---- broadcasts that need a 3-level [outer, mid, inner] cut ------------------------------------
+
+BCAST3 = {
+    "b3_mid": ("in0: f32[?,1,?]\nin1: f32[?,?,?]\n%0 = Add in0, in1\n%1 = Exp %0\nout0 = %1\n", ("fbf", "fff")),
+    "b3_f16": ("in0: f16[1,?,1]\nin1: f16[?,?,?]\n%0 = Mul in0, in1\n%1 = Abs %0\nout0 = %1\n", ("bfb", "fff")),
+    "b3_bf16": ("in0: bf16[?,?,?]\nin1: bf16[?,1,?]\n%0 = Sub in0, in1\nout0 = %0\n", ("fff", "fbf")),
+    "b3_i32": ("in0: i32[?,1,?]\nin1: i32[1,?,1]\nin2: i32[?,?,?]\n%0 = Add in0, in1\n%1 = Mul %0, in2\n"
+               "out0 = %1\n", ("fbf", "bfb", "fff")),
+    "b3_nchw": ("in0: f32[?,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\n%1 = Relu6 %0\nout0 = %1\n",
+                ("fff", "bfb")),
+}
+
+
+@pytest.fixture(scope="module")
+def bcast3():
+    kernels = {name: generate(text, name) for name, (text, _) in BCAST3.items()}
+    for name, (_, patterns) in BCAST3.items():
+        assert kernels[name].ok, kernels[name].reason
+        assert kernels[name].patterns == patterns, (name, kernels[name].patterns)
+    assert (kernels["b3_nchw"].split, kernels["b3_nchw"].split2) == (1, 2)
+    return kernels, twin.build(kernels.values())
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("a,b,c", [(1, 1, 1), (3, 5, 10), (4, 3, 1000), (2, 3, 30_001)])
+def test_three_level_broadcast_matches_numpy(bcast3, cores, a, b, c):
+    kernels, lib = bcast3
+    rng = np.random.default_rng(a * b + c + cores)
+    x = rng.uniform(-2, 2, (a, 1, c)).astype(np.float32)
+    y = rng.uniform(-2, 2, (a, b, c)).astype(np.float32)
+    (z,), t = lib.run("b3_mid", [x, y], cores)
+    np.testing.assert_allclose(z, np.exp(x.astype(np.float64) + y), rtol=2e-6)
+    assert t == tiling.compute_column(a, b, c, cores, kernels["b3_mid"].ub.max_tile, rows=True)
+    assert t.blockDim <= cores
+    h = rng.uniform(-2, 2, (1, b, 1)).astype(np.float16)
+    g = rng.uniform(-2, 2, (a, b, c)).astype(np.float16)
+    (z,), _ = lib.run("b3_f16", [h, g], cores)
+    np.testing.assert_array_equal(z, np.abs(h.astype(np.float32) * g.astype(np.float32)).astype(np.float16))
+    p, q = rounded(rng.uniform(-2, 2, (a, b, c)), "bf16"), rounded(rng.uniform(-2, 2, (a, 1, c)), "bf16")
+    (z,), _ = lib.run("b3_bf16", [store(p, "bf16"), store(q, "bf16")], cores)
+    np.testing.assert_array_equal(z, store(p - q, "bf16"))
+    i0 = rng.integers(-100, 100, (a, 1, c)).astype(np.int32)
+    i1 = rng.integers(-100, 100, (1, b, 1)).astype(np.int32)
+    i2 = rng.integers(-100, 100, (a, b, c)).astype(np.int32)
+    (z,), _ = lib.run("b3_i32", [i0, i1, i2], cores)
+    np.testing.assert_array_equal(z, (i0 + i1) * i2)
+
+
+def test_three_level_broadcast_nchw_bias_and_launcher(bcast3):
+    kernels, lib = bcast3
+    rng = np.random.default_rng(12)
+    x = rng.uniform(-8, 8, (8, 16, 32, 32)).astype(np.float32)
+    bias = rng.uniform(-1, 1, (16, 1, 1)).astype(np.float32)
+    (z,), t = lib.run("b3_nchw", [x, bias], 40)
+    np.testing.assert_array_equal(z, np.clip(x + bias, 0, 6))
+    assert (t.outer, t.mid, t.inner, t.blockDim) == (8, 16, 1024, 32)  # 128 rows, 4 a block
+    tile = kernels["b3_mid"].ub.max_tile  # rows of exactly the UB tile, and a tile one step larger
+    ones = [np.ones((1, 1, tile), np.float32), np.ones((1, 2, tile), np.float32)]
+    (z,), t = lib.run("b3_mid", ones, 1)
+    assert t.tileLength == tile and t.tilesPerRow == 1
+    np.testing.assert_allclose(z, np.exp(2.0), rtol=1e-6)
+    with pytest.raises(twin.TwinError, match="UB overflow"):
+        lib.run("b3_mid", [np.ones((1, 1, 2 * tile), np.float32), np.ones((1, 2, 2 * tile), np.float32)], 1,
+                tile_override=tile + tiling.ALIGN_ELEMS)
+    kernel = generate(BCAST3["b3_i32"][0], "b3_launch")
+    acl = twin.build([kernel], acl=True)
+    i0 = rng.integers(-100, 100, (5, 1, 300)).astype(np.int32)
+    i1 = rng.integers(-100, 100, (1, 4, 1)).astype(np.int32)
+    i2 = rng.integers(-100, 100, (5, 4, 300)).astype(np.int32)
+    (z,), t = acl.launch(kernel.name, [i0, i1, i2], core_num=8)
+    np.testing.assert_array_equal(z, (i0 + i1) * i2)
+    assert (t.outer, t.mid, t.inner) == (5, 4, 300) and t.blockDim == 7  # 20 rows, 3 a block

@@ -121,6 +121,8 @@ def generate(text: str, name: str = "autofuse_pointwise_0", blacklist=None) -> K
     split = patterns = split2 = None
     if reason == _BROADCAST:
         split, patterns, reason = _split(program)
+        if isinstance(split, tuple):  # the 3-level broadcast: [outer, mid, inner]
+            split, split2 = split
     elif reason == _REDUCE:
         split, patterns, reason = _reduce_split(program)
         if isinstance(split, tuple):  # the column schedule: axes [split, split2) reduced
@@ -293,8 +295,27 @@ def _split(program: ir.Program):
                              (False, False): "scalar"}[tuple(sides)])
         else:
             return split, tuple(patterns), ""
-    return None, None, (f"broadcast pattern of {views} is not an [outer, inner] split "
-                        "(a general strided schedule is not generated yet)")
+    for s1 in range(1, rank):
+        for s2 in range(s1 + 1, rank):
+            patterns = []
+            for v in padded:
+                sides = ""
+                for axes in (range(s1), range(s1, s2), range(s2, rank)):
+                    ones = [v[a] == 1 for a in axes]
+                    needed = [any(w[a] != 1 for w in padded) for a in axes]
+                    if not any(o and n for o, n in zip(ones, needed)):
+                        sides += "f"  # read in full on this side
+                    elif all(o or not n for o, n in zip(ones, needed)):
+                        sides += "b"  # broadcast on this side
+                    else:
+                        break
+                if len(sides) < 3:
+                    break
+                patterns.append(sides)
+            else:
+                return (s1, s2), tuple(patterns), ""
+    return None, None, (f"broadcast pattern of {views} is neither an [outer, inner] nor an "
+                        "[outer, mid, inner] split (every input full or broadcast on each part)")
 
 
 class _Refused(Exception):
@@ -311,7 +332,9 @@ class _Flat:
         self.split2 = split2
         self.column = split2 is not None  # [outer, mid (reduced), inner]: items walk the mid axis
         self.patterns = patterns or ("full",) * len(program.inputs)
-        self.queued = [pat in ("full", "row") for pat in self.patterns]
+        # 3-level broadcast patterns: "f"/"b" (full / broadcast) for outer, mid, inner
+        self.bcast3 = split2 is not None and not program.has_reduction
+        self.queued = [pat in ("full", "row") or (len(pat) == 3 and pat[2] == "f") for pat in self.patterns]
         self.reduce = program.has_reduction
         self.reductions: list = []  # (accumulator index, op)
         self.acc_of: dict = {}  # instruction index -> accumulator index
@@ -591,7 +614,8 @@ class _Flat:
             ctype = STORAGE[self.p.inputs[ref.index].dtype]
             slot = self._alloc()
             view = self._view(slot, ctype)
-            index = "o" if self.patterns[ref.index] == "col" else "0"
+            index = ("o" if self.patterns[ref.index] == "col" else
+                     self._row_of(ref.index) if self.bcast3 else "0")
             self._vec(f"Duplicate({view}, static_cast<{ctype}>(in{ref.index}Gm.GetValue({index})), cn);")
             loc[ref] = (view, ctype, slot)
         if ref not in loc and ref.kind == "%":
@@ -653,6 +677,14 @@ class _Flat:
         return ("  // The item's mid axis is done: finish Mean, write each reduced output's chunk at ro.\n"
                 "  __aicore__ inline void ItemEnd(uint64_t ro, uint32_t n) {\n" + "\n".join(lines) + "\n  }\n")
 
+    def _row_of(self, k: int) -> str:
+        """3-level broadcast: the element index of input k's row (outer o, mid m) in its view."""
+        po, pm, pi = self.patterns[k]
+        return f"(({'o' if po == 'f' else '0'}) * {'mid' if pm == 'f' else '1'} + {'m' if pm == 'f' else '0'})"
+
+    def _extent3(self, k: int, outer="t.outer", mid="t.mid", inner="t.inner") -> str:
+        return " * ".join(d for d, p in zip((outer, mid, inner), self.patterns[k]) if p == "f") or "1"
+
     def _acc_type(self, acc: int) -> str:
         return STORAGE[self.p.insts[self._acc_inst(acc)].operand_dtype]
 
@@ -695,7 +727,7 @@ class _Flat:
         guard = f"{self.name.upper()}_TILING_H_"
         return (f"// Tiling data of {self.name}: computed on the host, read by the kernel.\n"
                 f"#ifndef {guard}\n#define {guard}\n#include <cstdint>\n\n"
-                f"{tiling.cpp_struct(self.name + '_TilingData', self.split is not None, self.column)}\n"
+                f"{tiling.cpp_struct(self.name + '_TilingData', self.split is not None, self.split2 is not None)}\n"
                 f"#endif  // {guard}\n")
 
     def _kernel_source(self, in_types, out_types, ub) -> str:
@@ -724,11 +756,13 @@ class _Flat:
         out_red = getattr(self, "out_reduced", [False] * nout)
         bcast = self.split is not None
         extent = {"full": "t.outer * t.inner", "row": "t.inner", "col": "t.outer", "scalar": "1"}
-        if self.column:
+        if self.column or self.bcast3:
             extent["full"] = "t.outer * t.mid * t.inner"
         init = []
         for k, t in enumerate(in_types):
-            if bcast:
+            if self.bcast3:
+                init.append(f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k}, {self._extent3(k)});")
+            elif bcast:
                 init.append(f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k}, {extent[self.patterns[k]]});")
             else:
                 init.append(f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k} + start, len);")
@@ -759,6 +793,8 @@ class _Flat:
             if not self.queued[k]:
                 return ""
             off = "col" if bcast and self.patterns[k] == "row" else "off"
+            if self.bcast3:
+                off = f"{self._row_of(k)} * {'inner' if self.patterns[k][2] == 'f' else '1'} + col"
             return f"""\
     LocalTensor<{t}> x{k} = inQue{k}.AllocTensor<{t}>();
     if ((n * sizeof({t})) % 32 == 0) {{
@@ -885,6 +921,7 @@ class _Flat:
                     f"  __aicore__ inline void {name}(uint64_t o) {{\n" + "\n".join(lines) + "\n  }\n")
 
         compute_params = ("uint64_t o, uint64_t j, uint32_t n" if self.reduce else
+                          "uint64_t o, uint64_t m, uint32_t n" if self.bcast3 else
                           "uint64_t o, uint32_t n" if bcast else "uint32_t n")
         cn_line = "    const int32_t cn = static_cast<int32_t>((n + ALIGN - 1) / ALIGN * ALIGN);  // pad lanes are don't-care\n"
         computes = []
@@ -964,9 +1001,24 @@ class _Flat:
       }
       ItemEnd(o * inner + col, n);
     }"""
+            if self.bcast3:
+                prelude = prelude.replace("    inner = t.inner;", "    inner = t.inner;\n    mid = t.mid;")
+                process = """\
+    for (uint64_t g = firstTile; g < lastTile; ++g) {
+      const uint64_t row = g / tilesPerRow;  // the row of [outer * mid, inner]
+      const uint64_t o = row / mid, m = row % mid;  // its outer and mid indices
+      const uint64_t col = (g % tilesPerRow) * tileLength;  // inner offset in the row
+      const uint64_t off = row * inner + col;
+      const uint32_t n = static_cast<uint32_t>(inner - col < tileLength ? inner - col : tileLength);
+      CopyIn(off, col, n, o, m);
+      Compute(o, m, n);
+      CopyOut(off, n);
+    }"""
             copy_in_params = "uint64_t off, uint64_t col, uint32_t n"
+            if self.bcast3:
+                copy_in_params += ", uint64_t o, uint64_t m"
             state = "  uint64_t firstTile = 0, lastTile = 0, inner = 0, tilesPerRow = 0;\n  uint32_t tileLength = 0;"
-            if self.column:
+            if self.column or self.bcast3:
                 state += "\n  uint64_t mid = 0;"
             state += "".join(f"\n  {STORAGE[self.p.insts[k].dtype]} rs{k} = 0;  // %{k} of the current row, "
                              "broadcast over it" for k in sorted(self.scalars))
@@ -994,6 +1046,10 @@ class _Flat:
                     + ", ".join(f"in{k} {pat}" for k, pat in enumerate(self.patterns)))
         if P > 1:
             schedule += f"; {P} passes over each row (re-read from GM)"
+        if self.bcast3:
+            schedule = (f"broadcast over [outer, mid, inner] = axes [0, {self.split}), [{self.split}, "
+                        f"{self.split2}), [{self.split2}, rank); per input full (f) or broadcast (b) on each: "
+                        + ", ".join(f"in{k} {pat}" for k, pat in enumerate(self.patterns)))
         if self.column:
             schedule = (f"column reduce: the iteration shape as [outer, mid, inner] = axes [0, {self.split}), "
                         f"[{self.split}, {self.split2}) reduced, [{self.split2}, rank); inputs full")
@@ -1075,12 +1131,12 @@ extern "C" __global__ __aicore__ void {n}({gm_args}, GM_ADDR workspace, GM_ADDR 
   if (outer * inner != a->total) return autofuse_launch_fail(a, -1, "{n}: total != product of the shape");
   if ({n}_tiling(outer, inner, core_num, 0, &t) != 0) return autofuse_launch_fail(a, -1, "{n}: tiling failed");"""
             extent = {"full": "outer * inner", "row": "inner", "col": "outer", "scalar": "1"}
-            in_bytes = "\n".join(f"  bytes[{k}] = ({extent[pat]}) * {n}_IN_SIZES[{k}];"
-                                 for k, pat in enumerate(self.patterns))
+            in_bytes = "\n".join(f"  bytes[{k}] = ({extent.get(pat, '0')}) * {n}_IN_SIZES[{k}];"
+                                 for k, pat in enumerate(self.patterns))  # 3-level: set below
         out_red = getattr(self, "out_reduced", [False] * nout)
-        if self.column:
+        if self.column or self.bcast3:
             rank = max(len(i.view) for i in self.p.inputs)
-            tiling_fn = tiling.cpp_column_function(n, n + "_TilingData", ub.max_tile)
+            tiling_fn = tiling.cpp_column_function(n, n + "_TilingData", ub.max_tile, rows=self.bcast3)
             tiling_call = f"""\
   if (a->rank != {rank} || (a->rank && !a->shape))
     return autofuse_launch_fail(a, -1, "{n}: the iteration shape must have rank {rank}");
@@ -1091,6 +1147,9 @@ extern "C" __global__ __aicore__ void {n}({gm_args}, GM_ADDR workspace, GM_ADDR 
   if (dims[0] * dims[1] * dims[2] != a->total) return autofuse_launch_fail(a, -1, "{n}: total != product of the shape");
   if ({n}_tiling(dims[0], dims[1], dims[2], core_num, 0, &t) != 0) return autofuse_launch_fail(a, -1, "{n}: tiling failed");"""
             in_bytes = "\n".join(f"  bytes[{k}] = a->total * {n}_IN_SIZES[{k}];" for k in range(nin))
+            if self.bcast3:
+                in_bytes = "\n".join(f"  bytes[{k}] = ({self._extent3(k, 'dims[0]', 'dims[1]', 'dims[2]')}) * "
+                                     f"{n}_IN_SIZES[{k}];" for k in range(nin))
         reduced_extent = "outer * inner" if self.column else "outer"
         out_bytes = "\n".join(f"  bytes[{nin + k}] = {reduced_extent if out_red[k] else 'a->total'} * {n}_OUT_SIZES[{k}];"
                               for k in range(nout))

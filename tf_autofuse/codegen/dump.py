@@ -57,7 +57,8 @@ def _split_tiling_text(kernel: Kernel) -> str:
             lines.append("# the shape is known at run time; examples of (outer, mid, inner)")
         for outer, mid, inner in dims:
             for cores in CORE_NUMS:
-                t = tiling.compute_column(outer, mid, inner, cores, kernel.ub.max_tile)
+                t = tiling.compute_column(outer, mid, inner, cores, kernel.ub.max_tile,
+                                          rows=not program.has_reduction)
                 lines.append(f"outer={outer} mid={mid} inner={inner} cores={cores}: {t.as_dict()}")
         return "\n".join(lines) + "\n"
     fields = tiling.BCAST_FIELDS

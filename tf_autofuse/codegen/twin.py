@@ -75,7 +75,12 @@ def _harness(k: Kernel, acl: bool) -> str:
     gm = ", ".join([f"(GM_ADDR)ins[{i}]" for i in range(nin)] + [f"(GM_ADDR)outs[{i}]" for i in range(nout)])
     extent = {"full": "total", "row": "inner", "col": "outer", "scalar": "1"}
     patterns = k.patterns or ("full",) * nin
-    reg = "".join(f"  twin::Gm().Add(ins[{i}], ({extent[patterns[i]]}) * sizeof({t}));\n"
+    def extent_of(pat):  # 3-level broadcast patterns: "f"/"b" for outer, mid (inner / rest), rest
+        if pat in extent:  # full / row / col / scalar
+            return extent[pat]
+        return " * ".join(d for d, p in zip(("outer", "(inner / rest)", "rest"), pat) if p == "f") or "1"
+
+    reg = "".join(f"  twin::Gm().Add(ins[{i}], ({extent_of(patterns[i])}) * sizeof({t}));\n"
                   for i, t in enumerate(k.inputs))
     out_red = k.out_reduced or (False,) * nout
     reduced = "outer * rest" if k.split2 is not None else "outer"
