@@ -11,10 +11,14 @@ stays on the CPU path. The generated kernel is the standard vector (AIV) shape:
 double-buffered TQues (BUFFER_NUM = 2), scratch tensors in TBufs, the work split over
 GetBlockNum() cores by the host tiling function (tiling.py). Schedules (`_schedule`):
 "flat" (every input read as the iteration shape); "broadcast" (the iteration shape cut into
-[outer, inner], inputs full / row / col / scalar, tiles are chunks of a row); "reduce" (the same
-cut at the reduced trailing axes, one pass a row, ReduceSum/Max/Min into row accumulators, and
-arithmetic on the finished reduced values once a row, in RowEnd).
-Anything else is refused with a reason.
+[outer, inner], inputs full / row / col / scalar, tiles are chunks of a row; or, when no such
+cut fits, into [outer, mid, inner] with every input full or broadcast on each part); "reduce"
+(the same [outer, inner] cut at the reduced trailing axes, ReduceSum/Max/Min into row
+accumulators, or a fold into a tile accumulator for Prod and i32; arithmetic on the finished
+reduced values once a row, in RowEnd; full values reading reduced values in later passes over the
+row, resident in UB when the row is one tile); "column" (reduced axes followed by kept ones:
+[outer, mid reduced, inner], element-wise accumulation over mid). Anything else is refused with a
+reason.
 """
 
 from __future__ import annotations
