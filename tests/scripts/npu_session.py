@@ -98,6 +98,17 @@ def rms():  # arithmetic on the reduced value, once a row
     return tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=1) + 1e-5, name="y"), [x]
 
 
+def softmax():  # several passes over each row (max, sum, output)
+    x = tf1.placeholder(tf.float32, [None, 1000], name="x")
+    e = tf.exp(x - tf.reduce_max(x, axis=1, keepdims=True))
+    return tf.identity(e / tf.reduce_sum(e, axis=1, keepdims=True), name="y"), [x]
+
+
+def column():  # a reduction over the leading axis: the column schedule
+    x = tf1.placeholder(tf.float32, [48, 1000], name="x")
+    return tf.reduce_sum(tf.square(x), axis=0, name="y"), [x]
+
+
 def failing():
     x = tf1.placeholder(tf.float32, [32, 100], name="x")
     return tf.sigmoid(tf.tanh(x) * 2.0, name="y"), [x]
@@ -129,6 +140,8 @@ case("pointwise", pointwise, [x32], runs=2)
 case("broadcast", broadcast, [x16, b16])
 case("reduce", reduce, [xr, br], autofuse_enable_pass="reduce")
 case("rms", rms, [xr], autofuse_enable_pass="reduce")
+case("softmax", softmax, [xr], autofuse_enable_pass="reduce")
+case("column", column, [xr], autofuse_enable_pass="reduce")
 
 # 3. Launches that fail: the CPU path, one warning for the kernel (two sessions, three runs).
 os.environ["TWIN_ACL_FAIL_SYNC"] = "1"
