@@ -50,8 +50,9 @@ def _split_tiling_text(kernel: Kernel) -> str:
         import numpy as np
         shape = tuple(np.broadcast_shapes(*views))
     if kernel.split2 is not None:  # the column schedule: [outer, mid (reduced), inner]
-        lines = [f"# tiling data ({', '.join(n for _, n in tiling.COLUMN_FIELDS)}); axes "
-                 f"[{kernel.split}, {kernel.split2}) reduced"]
+        what = (f"axes [{kernel.split}, {kernel.split2}) reduced" if program.has_reduction else
+                f"3-level broadcast, mid axes [{kernel.split}, {kernel.split2}), inputs {kernel.patterns}")
+        lines = [f"# tiling data ({', '.join(n for _, n in tiling.COLUMN_FIELDS)}); {what}"]
         dims = [kernel.column_dims(shape)] if shape else [(1, 1000, 64), (8, 300, 60), (1, 64, 30001)]
         if not shape:
             lines.append("# the shape is known at run time; examples of (outer, mid, inner)")

@@ -418,7 +418,9 @@ void CheckAligned(const LocalTensor<T>& t, uint32_t count, const char* api) {
 }
 inline void Touch(uint32_t offset, uint32_t bytes) {
   twin::Cur().dirty.push_back({offset, bytes});
-  twin::Cur().unsynced_s.push_back({offset, bytes});
+  auto& unsynced = twin::Cur().unsynced_s;  // bounded: past 4096 ranges, all of UB counts as written
+  if (unsynced.size() < 4096) unsynced.push_back({offset, bytes});
+  else unsynced.assign(1, {0u, static_cast<uint32_t>(AUTOFUSE_UB_BYTES)});
 }
 }  // namespace detail
 
