@@ -1163,3 +1163,21 @@ def test_three_level_broadcast_nchw_bias_and_launcher(bcast3):
     (z,), t = acl.launch(kernel.name, [i0, i1, i2], core_num=8)
     np.testing.assert_array_equal(z, (i0 + i1) * i2)
     assert (t.outer, t.mid, t.inner) == (5, 4, 300) and t.blockDim == 7  # 20 rows, 3 a block
+
+
+def test_fold_and_passes_together():
+    """A Prod of a value reading a Max (pass 1), next to a Sum (pass 0); an output reading both."""
+    text = ("in0: f32[?,?]\n%0 = Max in0 axes=[1]\n%1 = Div in0, %0\n%2 = Prod %1 axes=[1]\n"
+            "%3 = Sum in0 axes=[1]\n%4 = Mul %1, %2\n%5 = Sub %4, %3\nout0 = %5\nout1 = %2\n")
+    kernel = generate(text, "fold_passes")
+    assert kernel.ok and kernel.passes == 3, kernel.reason
+    lib = twin.build([kernel])
+    rng = np.random.default_rng(1)
+    for shape, cores, tile in (((7, 3000), 8, 0), ((7, 3000), 40, 256), ((1, 1), 1, 0)):
+        x = rng.uniform(0.99, 1.01, shape).astype(np.float32)
+        (y, p), _ = lib.run("fold_passes", [x], cores, tile)
+        x64 = x.astype(np.float64)
+        r = x64 / x64.max(1, keepdims=True)
+        want_p = r.prod(1, keepdims=True)
+        np.testing.assert_allclose(p, want_p, rtol=2e-5)
+        np.testing.assert_allclose(y, r * want_p - x64.sum(1, keepdims=True), rtol=1e-6, atol=1e-3)
