@@ -129,7 +129,8 @@ def test_every_catalog_op_is_mapped_or_refused_and_the_refused_list_shrank():
     elementwise = {s.ir_name for s in catalog.OPS if s.kind in (catalog.ELEMENTWISE, catalog.BROADCAST)}
     assert elementwise <= set(opmap.mapped_ops()) | set(opmap.refused_ops())
     reductions = {s.ir_name for s in catalog.OPS if s.kind == catalog.REDUCE}
-    assert reductions == set(ascendc.REDUCE_API) | {"Prod"}  # Prod: refused by the reduce schedule
+    assert reductions == set(ascendc.FOLD_OP)  # Prod: a fold reduction (no vector reduce API)
+    assert reductions == set(ascendc.REDUCE_API) | {"Prod"}
     assert set(opmap.refused_ops()) == {"FloorMod"}  # issue 6: 21 ops refused before
     for op, reason in opmap.refused_ops().items():
         assert len(reason) > 40, (op, reason)
@@ -268,24 +269,22 @@ def test_blacklist_is_read_from_autofuse_flags():
     ("in0: f64[?]\n%0 = Abs in0\nout0 = %0\n", "f64"),
     ("in0: f64[?]\n%0 = Erf in0\nout0 = %0\n", "f64"),
     ("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "exact fmod"),
-    ("in0: f32[8,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, inner]"),
-    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "multi-pass"),
-    ("in0: f32[4,10]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", "trailing axes"),
-    ("in0: i32[4,10]\n%0 = Sum in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
-    ("in0: f32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod"),
+    ("in0: f32[4,1,6,1]\nin1: f32[4,5,6,7]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, mid, inner]"),
+    ("in0: f32[4,10]\nin1: f32[10]\n%0 = Mul in0, in1\n%1 = Sum %0 axes=[0]\nout0 = %1\n", "column schedule reads every input in full"),
+    ("in0: i32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod of i32"),
     # the reduce generator's gaps: each one refused with its reason, never generated wrong
-    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n%3 = Sum %2 axes=[1]\n"
-     "%4 = Div %2, %3\nout0 = %4\n", "multi-pass"),  # softmax
-    ("in0: f32[?,10]\n%0 = Mean in0 axes=[1]\n%1 = SquaredDifference in0, %0\n"
-     "%2 = Mean %1 axes=[1]\nout0 = %2\n", "multi-pass"),  # variance
     ("in0: f32[?,10]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\nout0 = %1\n",
      "mixes reduced values with inputs read as reduced"),
     ("in0: f32[?,10]\n%0 = Sum in0 axes=[1]\n%1 = Erf %0\nout0 = %1\n", "tile-sized temp buffer"),
     ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Greater %0, 0.0\nout0 = %1\n", "one lane of RowEnd"),
-    ("in0: f32[4,6,8]\n%0 = Sum in0 axes=[0,1]\nout0 = %0\n", "trailing axes"),
-    ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "trailing axes"),
-    ("in0: i32[4,10]\n%0 = Max in0 axes=[1]\nout0 = %0\n", "i32 reductions"),
-    ("in0: f32[4,10]\n%0 = Sum in0 axes=[1]\n%1 = Prod in0 axes=[1]\nout0 = %0\nout1 = %1\n", "Prod"),
+    # the same on a reduced value of a later pass, and on an i32 fold's result
+    ("in0: f32[?,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Sum %1 axes=[1]\n%3 = Floor %2\n"
+     "out0 = %3\n", "one lane of RowEnd"),
+    ("in0: i32[?,10]\n%0 = Min in0 axes=[1]\n%1 = Equal %0, 0\nout0 = %1\n", "one lane of RowEnd"),
+    ("in0: i32[4,6,8]\n%0 = Mean in0 axes=[0,1]\nout0 = %0\n", "truncating division"),
+    ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\nout0 = %1\n", "several passes over columns"),
+    ("in0: f32[4,6,8]\n%0 = Max in0 axes=[1]\n%1 = Mul %0, 2.0\nout0 = %1\n", "arithmetic on reduced values over the non-trailing"),
+    ("in0: i32[4,10]\n%0 = Max in0 axes=[1]\n%1 = Add %0, 1\nout0 = %1\n", "arithmetic on i32 reduced"),
     ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\n%1 = Add in1, 1.0\nout0 = %0\nout1 = %1\n",
      "no reduction computes it"),  # a reduced-shape output from inputs only
     ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in0 axes=[1]\nout0 = %0\nout1 = in1\n",
@@ -1099,3 +1098,518 @@ def test_bool_values_in_broadcast_and_reduce_schedules():
                 np.testing.assert_array_equal(o, i if cv else np.full_like(i, 5))
                 assert p.dtype == np.bool_
                 np.testing.assert_array_equal(p, np.broadcast_to(np.array(cv), p.shape))
+
+
+# ---- several passes over a row: full values reading reduced values (softmax, layer norm) -------
+
+SOFTMAX = ("in0: {d}[?,?]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n%3 = Sum %2 axes=[1]\n"
+           "%4 = Div %2, %3\nout0 = %4\n")
+MULTIPASS = {
+    **{f"softmax_{d}": SOFTMAX.format(d=d) for d in ("f32", "f16", "bf16")},
+    # mean, variance (a reduction of a value reading the mean: pass 1), scale and shift (pass 2)
+    "layer_norm": ("in0: {d}[?,?]\nin1: {d}[?]\nin2: {d}[?]\n%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n"
+                   "%2 = Square %1\n%3 = Mean %2 axes=[1]\n%4 = Add %3, 1e-05\n%5 = Rsqrt %4\n"
+                   "%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8\nout1 = %0 -> [?]\n"
+                   "out2 = %3\n").format(d="f32"),
+    "layer_norm_f16": ("in0: f16[?,?]\nin1: f16[?]\nin2: f16[?]\n%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n"
+                       "%2 = Square %1\n%3 = Mean %2 axes=[1]\n%4 = Add %3, 1e-05\n%5 = Rsqrt %4\n"
+                       "%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8\n"),
+    # 3-D, two reduced axes; a full output of pass 0 next to the last pass's
+    "log_softmax_3d": ("in0: bf16[?,?,?]\n%0 = Max in0 axes=[1,2]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
+                       "%3 = Sum %2 axes=[1,2]\n%4 = Log %3\n%5 = Sub %1, %4\n%6 = Abs in0\nout0 = %5\n"
+                       "out1 = %6\n"),
+    # a [N,1] input next to the broadcast reduced value
+    "center_scale": ("in0: f32[?,?]\nin1: f32[?,1]\n%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n"
+                     "%2 = Mul %1, in1\nout0 = %2\n"),
+}
+
+
+def rounded(x, dtype):
+    """x rounded to the dtype, as float64."""
+    return as_float(store(np.asarray(x, np.float64), dtype), dtype)
+
+
+def softmax64(x, axes=(1,)):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=axes, keepdims=True))
+    return e / e.sum(axis=axes, keepdims=True)
+
+
+def layer_norm64(x, g, b):
+    x, g, b = (a.astype(np.float64) for a in (x, g, b))
+    mean = x.mean(1, keepdims=True)
+    var = ((x - mean) ** 2).mean(1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-5) * g + b, mean, var
+
+
+@pytest.fixture(scope="module")
+def multipass():
+    kernels = {name: generate(text, name) for name, text in MULTIPASS.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    return kernels, twin.build(kernels.values())
+
+
+def test_multipass_plans():
+    kernels = {name: generate(text, name) for name, text in MULTIPASS.items()}
+    assert {n: k.passes for n, k in kernels.items()} == {
+        "softmax_f32": 3, "softmax_f16": 3, "softmax_bf16": 3, "layer_norm": 3, "layer_norm_f16": 3,
+        "log_softmax_3d": 3, "center_scale": 2}
+    assert kernels["layer_norm"].out_reduced == (False, True, True)
+    src = kernels["softmax_f32"].sources["softmax_f32_kernel.cpp"]
+    assert "3 passes over each row" in src and "WaitFlag<HardEvent::V_S>" in src
+    assert "if (tilesPerRow == 1)" in src  # a row of one tile stays resident in UB
+    # single-pass reductions keep the one-pass schedule
+    assert generate(REDUCE, "one_pass").passes == 1
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (5, 30_001), (64, 256)])
+def test_multipass_matches_numpy(multipass, cores, rows, cols):
+    kernels, lib = multipass
+    rng = np.random.default_rng(rows * 7 + cols + cores)
+    x = rng.uniform(-4, 4, (rows, cols)).astype(np.float32)
+    (y,), t = lib.run("softmax_f32", [x], cores)
+    np.testing.assert_allclose(y, softmax64(x), rtol=2e-5, atol=1e-9)
+    assert t.blockDim <= cores
+    for d, tol in (("f16", 2e-3), ("bf16", 1.6e-2)):
+        xh = rounded(x, d)
+        (y,), _ = lib.run(f"softmax_{d}", [store(xh, d)], cores)
+        np.testing.assert_allclose(as_float(y, d), softmax64(xh), rtol=tol, atol=tol * 1e-3)
+    g = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    b = rng.uniform(-1, 1, cols).astype(np.float32)
+    (y, m, v), _ = lib.run("layer_norm", [x, g, b], cores)
+    want, mean, var = layer_norm64(x, g, b)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(m.reshape(-1), mean.reshape(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(v, var, rtol=1e-4, atol=1e-5)
+    xh, gh, bh = (rounded(a, "f16") for a in (x, g, b))
+    (y,), _ = lib.run("layer_norm_f16", [store(xh, "f16"), store(gh, "f16"), store(bh, "f16")], cores)
+    np.testing.assert_allclose(as_float(y, "f16"), layer_norm64(xh, gh, bh)[0], rtol=4e-3, atol=4e-3)
+    s = rng.uniform(-2, 2, (rows, 1)).astype(np.float32)
+    (y,), _ = lib.run("center_scale", [x, s], cores)
+    np.testing.assert_allclose(y, (x - x.astype(np.float64).mean(1, keepdims=True)) * s, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (13, 50), (3, 9000)])
+def test_multipass_3d_with_a_pass0_output(multipass, cores, rows, cols):
+    _, lib = multipass
+    rng = np.random.default_rng(rows + cols * 3 + cores)
+    x = rounded(rng.uniform(-3, 3, (rows, 2, cols)), "bf16")
+    (y, a), _ = lib.run("log_softmax_3d", [store(x, "bf16")], cores)
+    x64 = x.astype(np.float64)
+    z = x64 - x64.max(axis=(1, 2), keepdims=True)
+    want = z - np.log(np.exp(z).sum(axis=(1, 2), keepdims=True))
+    np.testing.assert_allclose(as_float(y, "bf16"), want, rtol=1.6e-2, atol=3e-2)
+    np.testing.assert_array_equal(as_float(a, "bf16"), np.abs(x))
+
+
+def test_multipass_rows_that_just_fit_and_just_do_not_fit_in_ub(multipass):
+    """A row of max_tile elements is one tile (read once, resident in UB over the three passes);
+    one more element makes two tiles (every pass re-reads the row from GM)."""
+    kernels, lib = multipass
+    tile = kernels["softmax_f32"].ub.max_tile
+    assert kernels["softmax_f32"].ub.ub_bytes(tile) <= tiling.UB_BUDGET
+    rng = np.random.default_rng(21)
+    for cols, per_row in ((tile, 1), (tile + 1, 2)):
+        x = rng.uniform(-4, 4, (3, cols)).astype(np.float32)
+        (y,), t = lib.run("softmax_f32", [x], 8)
+        assert t.tilesPerRow == per_row and t.tileLength == tile
+        np.testing.assert_allclose(y, softmax64(x), rtol=2e-5, atol=1e-9)
+    with pytest.raises(twin.TwinError, match="UB overflow"):  # the tile is the UB's limit
+        lib.run("softmax_f32", [x], 8, tile_override=tile + tiling.ALIGN_ELEMS)
+    # a smaller forced tile: the same numbers through the re-reading path
+    (y, _, _), t = lib.run("layer_norm", [x, np.ones(x.shape[1], np.float32), np.zeros(x.shape[1], np.float32)],
+                      8, tile_override=1024)
+    assert t.tilesPerRow == -(-x.shape[1] // 1024)
+    np.testing.assert_allclose(y, layer_norm64(x, np.ones(x.shape[1]), np.zeros(x.shape[1]))[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_twin_catches_a_scalar_read_without_v_s_sync():
+    kernel = generate(MULTIPASS["softmax_f32"], "mut_vs")
+    name = "mut_vs_kernel.cpp"
+    assert "    WaitFlag<HardEvent::V_S>(EVENT_ID0);\n" in kernel.sources[name]
+    kernel.sources[name] = kernel.sources[name].replace("    WaitFlag<HardEvent::V_S>(EVENT_ID0);\n", "")
+    lib = twin.build([kernel])
+    with pytest.raises(twin.TwinError, match="GetValue.*V_S"):
+        lib.run("mut_vs", [np.ones((2, 300), np.float32)], 1)
+
+
+def test_softmax_and_norm_from_the_rewriter():
+    """The programs the reduce pass makes of a TF softmax and a layer norm (no gamma/beta): all
+    generated; the softmax kernel's numbers against unfused TensorFlow."""
+    import tensorflow as tf
+    import tf_autofuse
+
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 100], name="x")
+        e = tf.exp(x - tf.reduce_max(x, axis=1, keepdims=True))
+        tf.identity(e / tf.reduce_sum(e, axis=1, keepdims=True), name="softmax")
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        tf.identity((x - mean) * tf.math.rsqrt(variance + 1e-3), name="norm")
+    fused = tf_autofuse.fuse(graph, outputs=["softmax", "norm"], passes=["pointwise", "reduce"])
+    kernels = {f.name: generate(f.program, f.name) for f in fused.fusions}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    (softmax,) = [k for n, k in kernels.items() if "Max_Sub_Exp_Sum" in n]
+    assert softmax.passes == 3
+    assert any(k.passes == 2 for k in kernels.values())  # the norm's mean, read back by x - mean
+    lib = twin.build([softmax])
+    x = np.random.default_rng(5).uniform(-10, 10, (64, 100)).astype(np.float32)
+    (y,), _ = lib.run(softmax.name, [x], 8)
+    want = fused.run(["softmax"], {"x": x}, original=True)[0]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(y, softmax64(x), rtol=2e-5, atol=1e-9)
+
+
+# ---- fold reductions: Prod, and Sum/Mean/Max/Min of i32 (no vector reduce API for them) ----------
+
+FOLDS = {
+    "fold_i32": ("in0: i32[?,?]\n%0 = Sum in0 axes=[1]\n%1 = Max in0 axes=[1]\n%2 = Min in0 axes=[1]\n"
+                 "%3 = Mean in0 axes=[1]\n%4 = Sub in0, %1\nout0 = %0 -> [?]\nout1 = %1\nout2 = %2\n"
+                 "out3 = %3\nout4 = %4\n"),
+    **{f"prod_{d}": (f"in0: {d}[?,?]\n%0 = Prod in0 axes=[1]\n%1 = Mul %0, 2.0\n%2 = Div in0, %0\n"
+                     "out0 = %0\nout1 = %1\nout2 = %2\n") for d in ("f32", "f16", "bf16")},
+    "prod_3d": "in0: f32[?,?,?]\n%0 = Abs in0\n%1 = Prod %0 axes=[1,2]\n%2 = Sum in0 axes=[1,2]\nout0 = %1\nout1 = %2\n",
+}
+
+
+@pytest.fixture(scope="module")
+def folds():
+    kernels = {name: generate(text, name) for name, text in FOLDS.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    assert kernels["fold_i32"].passes == 2 and kernels["prod_f32"].passes == 2 and kernels["prod_3d"].passes == 1
+    return kernels, twin.build(kernels.values())
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (5, 30_001), (64, 256)])
+def test_fold_reductions_match_numpy(folds, cores, rows, cols):
+    kernels, lib = folds
+    rng = np.random.default_rng(rows * 3 + cols + cores)
+    x = rng.integers(-1000, 1000, (rows, cols)).astype(np.int32)
+    (s, mx, mn, mean, d), t = lib.run("fold_i32", [x], cores)
+    assert t.blockDim <= cores
+    np.testing.assert_array_equal(s.reshape(-1), x.sum(1))
+    np.testing.assert_array_equal(mx, x.max(1, keepdims=True))
+    np.testing.assert_array_equal(mn, x.min(1, keepdims=True))
+    np.testing.assert_array_equal(mean, np.trunc(x.sum(1, keepdims=True) / cols).astype(np.int32))
+    np.testing.assert_array_equal(d, x - x.max(1, keepdims=True))
+    big = rng.integers(-2**30, 2**30, (rows, cols)).astype(np.int32)  # sums wrap, as TensorFlow's do
+    (s, _, _, _, _), _ = lib.run("fold_i32", [big], cores)
+    np.testing.assert_array_equal(s.reshape(-1), big.sum(1, dtype=np.int32))
+    # products of values near 1 (and some negative) stay in range over 30001 factors
+    sign = np.where(rng.uniform(size=(rows, cols)) < 0.01, -1.0, 1.0)
+    f = sign * rng.uniform(0.995, 1.005, (rows, cols))
+    for dtype, tol in (("f32", 2e-4), ("f16", 2e-2), ("bf16", 8e-2)):
+        xs = rounded(f, dtype)
+        (p, p2, q), _ = lib.run(f"prod_{dtype}", [store(xs, dtype)], cores)
+        want = xs.prod(1, keepdims=True)
+        np.testing.assert_allclose(as_float(p, dtype), want, rtol=tol)
+        np.testing.assert_allclose(as_float(p2, dtype), 2 * want, rtol=tol)
+        np.testing.assert_allclose(as_float(q, dtype), xs / want, rtol=tol)
+    x3 = rng.uniform(0.99, 1.01, (rows, 2, cols)).astype(np.float32)
+    (p, s), _ = lib.run("prod_3d", [x3], cores)
+    np.testing.assert_allclose(p.reshape(-1), x3.astype(np.float64).prod((1, 2)), rtol=2e-4)
+    np.testing.assert_allclose(s.reshape(-1), x3.astype(np.float64).sum((1, 2)), rtol=1e-5)
+
+
+def test_fold_rows_just_fit_and_forced_tiles(folds):
+    kernels, lib = folds
+    tile = kernels["fold_i32"].ub.max_tile
+    rng = np.random.default_rng(2)
+    for cols, override in ((tile, 0), (tile + 1, 0), (3000, 128), (3000, 640)):  # 640: not a power of 2
+        x = rng.integers(-1000, 1000, (3, cols)).astype(np.int32)
+        (s, mx, mn, _, _), t = lib.run("fold_i32", [x], 8, override)
+        assert t.tilesPerRow == -(-cols // (override or tile))
+        np.testing.assert_array_equal(s.reshape(-1), x.sum(1))
+        np.testing.assert_array_equal(mx.reshape(-1), x.max(1))
+        np.testing.assert_array_equal(mn.reshape(-1), x.min(1))
+
+
+def test_twin_catches_a_vector_read_of_a_scalar_write_without_s_v_sync():
+    kernel = generate(FOLDS["prod_f32"], "mut_sv")
+    name = "mut_sv_kernel.cpp"
+    line = "      WaitFlag<HardEvent::S_V>(EVENT_ID0);\n"
+    assert line in kernel.sources[name]
+    kernel.sources[name] = kernel.sources[name].replace(line, "")
+    lib = twin.build([kernel])
+    with pytest.raises(twin.TwinError, match="SetValue without"):
+        lib.run("mut_sv", [np.ones((2, 300), np.float32)], 1)
+
+
+# ---- reductions over non-trailing axes: the column schedule ------------------------------------
+
+COLUMNS = {
+    "col_2d": ("in0: f32[?,?]\n%0 = Abs in0\n%1 = Sum %0 axes=[0]\n%2 = Max in0 axes=[0]\n%3 = Mean in0 axes=[0]\n"
+               "%4 = Prod in0 axes=[0]\nout0 = %1\nout1 = %2 -> [?]\nout2 = %3\nout3 = %4\nout4 = %0\n"),
+    "col_f16_mid": "in0: f16[?,?,?]\n%0 = Sum in0 axes=[1]\n%1 = Min in0 axes=[1]\nout0 = %0\nout1 = %1\n",
+    "col_bf16": "in0: bf16[?,?]\n%0 = Square in0\n%1 = Mean %0 axes=[0]\nout0 = %1\n",
+    "col_i32_4d": "in0: i32[?,?,?,?]\n%0 = Sum in0 axes=[1,2]\n%1 = Max in0 axes=[1,2]\n%2 = Min in0 axes=[1,2]\n"
+                  "out0 = %0\nout1 = %1\nout2 = %2\n",
+}
+
+
+@pytest.fixture(scope="module")
+def columns():
+    kernels = {name: generate(text, name) for name, text in COLUMNS.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    assert kernels["col_2d"].split == 0 and kernels["col_2d"].split2 == 1
+    assert kernels["col_i32_4d"].split == 1 and kernels["col_i32_4d"].split2 == 3
+    return kernels, twin.build(kernels.values())
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (37, 10), (5, 30_001), (300, 256)])
+def test_column_reductions_match_numpy(columns, cores, rows, cols):
+    kernels, lib = columns
+    rng = np.random.default_rng(rows + cols * 5 + cores)
+    x = rng.uniform(0.99, 1.01, (rows, cols)) * np.where(rng.uniform(size=(rows, cols)) < 0.5, -1, 1)
+    x = x.astype(np.float32)
+    (s, mx, mean, prod, a), t = lib.run("col_2d", [x], cores)
+    x64 = x.astype(np.float64)
+    assert s.shape == (1, cols) and a.shape == (rows, cols)
+    assert t == tiling.compute_column(1, rows, cols, cores, kernels["col_2d"].ub.max_tile)
+    assert t.blockDim <= cores and t.blockDim == -(-t.totalTiles // t.tilesPerBlock)
+    np.testing.assert_allclose(s, np.abs(x64).sum(0, keepdims=True), rtol=1e-5)
+    np.testing.assert_array_equal(mx.reshape(-1), x.max(0))
+    np.testing.assert_allclose(mean, x64.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(prod, x64.prod(0, keepdims=True), rtol=1e-4)
+    np.testing.assert_array_equal(a, np.abs(x))
+    h = rng.uniform(-1, 1, (3, rows, cols)).astype(np.float16)
+    (s, mn), _ = lib.run("col_f16_mid", [h], cores)
+    assert s.shape == (3, 1, cols)
+    np.testing.assert_allclose(s.astype(np.float64), h.astype(np.float64).sum(1, keepdims=True),
+                               rtol=2e-3, atol=2e-3 * max(1, rows) ** 0.5)
+    np.testing.assert_array_equal(mn, h.min(1, keepdims=True))
+    b = rounded(rng.uniform(-2, 2, (rows, cols)), "bf16")
+    (m,), _ = lib.run("col_bf16", [store(b, "bf16")], cores)
+    want = (b.astype(np.float32) ** 2).astype(np.float64).mean(0, keepdims=True)
+    np.testing.assert_allclose(as_float(m, "bf16"), want, rtol=1e-2)
+    xi = rng.integers(-2**30, 2**30, (2, rows, 3, cols)).astype(np.int32)  # sums wrap
+    (s, mx, mn), _ = lib.run("col_i32_4d", [xi], cores)
+    np.testing.assert_array_equal(s, xi.sum((1, 2), keepdims=True, dtype=np.int32))
+    np.testing.assert_array_equal(mx, xi.max((1, 2), keepdims=True))
+    np.testing.assert_array_equal(mn, xi.min((1, 2), keepdims=True))
+
+
+def test_column_tiles_that_just_fit_and_forced_tiles(columns):
+    kernels, lib = columns
+    tile = kernels["col_2d"].ub.max_tile
+    assert kernels["col_2d"].ub.ub_bytes(tile) <= tiling.UB_BUDGET
+    rng = np.random.default_rng(9)
+    for cols, override, per_row in ((tile, 0, 1), (tile + 1, 0, 2), (1000, 128, 8)):
+        x = rng.uniform(-1, 1, (4, cols)).astype(np.float32)
+        (s, mx, _, _, _), t = lib.run("col_2d", [x], 1, override)
+        assert t.tilesPerRow == per_row
+        np.testing.assert_allclose(s, np.abs(x.astype(np.float64)).sum(0, keepdims=True), rtol=1e-5)
+        np.testing.assert_array_equal(mx.reshape(-1), x.max(0))
+    with pytest.raises(twin.TwinError, match="UB overflow"):
+        lib.run("col_2d", [np.ones((2, 2 * tile), np.float32)], 1, tile_override=tile + tiling.ALIGN_ELEMS)
+
+
+def test_column_reduction_through_the_launcher():
+    kernel = generate(COLUMNS["col_i32_4d"], "col_launch")
+    lib = twin.build([kernel], acl=True)
+    x = np.random.default_rng(3).integers(-50, 50, (3, 7, 5, 333)).astype(np.int32)
+    (s, mx, mn), t = lib.launch(kernel.name, [x], core_num=8)
+    np.testing.assert_array_equal(s, x.sum((1, 2), keepdims=True))
+    np.testing.assert_array_equal(mx, x.max((1, 2), keepdims=True))
+    np.testing.assert_array_equal(mn, x.min((1, 2), keepdims=True))
+    assert (t.outer, t.mid, t.inner) == (3, 35, 333)
+    assert t == tiling.compute_column(3, 35, 333, 8, kernel.ub.max_tile)  # the C++ tiling = its mirror
+    assert (t.tilesPerRow, t.blockDim) == (3, 5)  # 3 chunks of 128 a row; 9 items, 2 a block
+
+
+# ---- broadcasts that need a 3-level [outer, mid, inner] cut ------------------------------------
+
+BCAST3 = {
+    "b3_mid": ("in0: f32[?,1,?]\nin1: f32[?,?,?]\n%0 = Add in0, in1\n%1 = Exp %0\nout0 = %1\n", ("fbf", "fff")),
+    "b3_f16": ("in0: f16[1,?,1]\nin1: f16[?,?,?]\n%0 = Mul in0, in1\n%1 = Abs %0\nout0 = %1\n", ("bfb", "fff")),
+    "b3_bf16": ("in0: bf16[?,?,?]\nin1: bf16[?,1,?]\n%0 = Sub in0, in1\nout0 = %0\n", ("fff", "fbf")),
+    "b3_i32": ("in0: i32[?,1,?]\nin1: i32[1,?,1]\nin2: i32[?,?,?]\n%0 = Add in0, in1\n%1 = Mul %0, in2\n"
+               "out0 = %1\n", ("fbf", "bfb", "fff")),
+    "b3_nchw": ("in0: f32[?,16,32,32]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\n%1 = Relu6 %0\nout0 = %1\n",
+                ("fff", "bfb")),
+}
+
+
+@pytest.fixture(scope="module")
+def bcast3():
+    kernels = {name: generate(text, name) for name, (text, _) in BCAST3.items()}
+    for name, (_, patterns) in BCAST3.items():
+        assert kernels[name].ok, kernels[name].reason
+        assert kernels[name].patterns == patterns, (name, kernels[name].patterns)
+    assert (kernels["b3_nchw"].split, kernels["b3_nchw"].split2) == (1, 2)
+    return kernels, twin.build(kernels.values())
+
+
+@pytest.mark.parametrize("cores", [1, 8, 40])
+@pytest.mark.parametrize("a,b,c", [(1, 1, 1), (3, 5, 10), (4, 3, 1000), (2, 3, 30_001)])
+def test_three_level_broadcast_matches_numpy(bcast3, cores, a, b, c):
+    kernels, lib = bcast3
+    rng = np.random.default_rng(a * b + c + cores)
+    x = rng.uniform(-2, 2, (a, 1, c)).astype(np.float32)
+    y = rng.uniform(-2, 2, (a, b, c)).astype(np.float32)
+    (z,), t = lib.run("b3_mid", [x, y], cores)
+    np.testing.assert_allclose(z, np.exp(x.astype(np.float64) + y), rtol=2e-6)
+    assert t == tiling.compute_column(a, b, c, cores, kernels["b3_mid"].ub.max_tile, rows=True)
+    assert t.blockDim <= cores
+    h = rng.uniform(-2, 2, (1, b, 1)).astype(np.float16)
+    g = rng.uniform(-2, 2, (a, b, c)).astype(np.float16)
+    (z,), _ = lib.run("b3_f16", [h, g], cores)
+    np.testing.assert_array_equal(z, np.abs(h.astype(np.float32) * g.astype(np.float32)).astype(np.float16))
+    p, q = rounded(rng.uniform(-2, 2, (a, b, c)), "bf16"), rounded(rng.uniform(-2, 2, (a, 1, c)), "bf16")
+    (z,), _ = lib.run("b3_bf16", [store(p, "bf16"), store(q, "bf16")], cores)
+    np.testing.assert_array_equal(z, store(p - q, "bf16"))
+    i0 = rng.integers(-100, 100, (a, 1, c)).astype(np.int32)
+    i1 = rng.integers(-100, 100, (1, b, 1)).astype(np.int32)
+    i2 = rng.integers(-100, 100, (a, b, c)).astype(np.int32)
+    (z,), _ = lib.run("b3_i32", [i0, i1, i2], cores)
+    np.testing.assert_array_equal(z, (i0 + i1) * i2)
+
+
+def test_three_level_broadcast_nchw_bias_and_launcher(bcast3):
+    kernels, lib = bcast3
+    rng = np.random.default_rng(12)
+    x = rng.uniform(-8, 8, (8, 16, 32, 32)).astype(np.float32)
+    bias = rng.uniform(-1, 1, (16, 1, 1)).astype(np.float32)
+    (z,), t = lib.run("b3_nchw", [x, bias], 40)
+    np.testing.assert_array_equal(z, np.clip(x + bias, 0, 6))
+    assert (t.outer, t.mid, t.inner, t.blockDim) == (8, 16, 1024, 32)  # 128 rows, 4 a block
+    tile = kernels["b3_mid"].ub.max_tile  # rows of exactly the UB tile, and a tile one step larger
+    ones = [np.ones((1, 1, tile), np.float32), np.ones((1, 2, tile), np.float32)]
+    (z,), t = lib.run("b3_mid", ones, 1)
+    assert t.tileLength == tile and t.tilesPerRow == 1
+    np.testing.assert_allclose(z, np.exp(2.0), rtol=1e-6)
+    with pytest.raises(twin.TwinError, match="UB overflow"):
+        lib.run("b3_mid", [np.ones((1, 1, 2 * tile), np.float32), np.ones((1, 2, 2 * tile), np.float32)], 1,
+                tile_override=tile + tiling.ALIGN_ELEMS)
+    kernel = generate(BCAST3["b3_i32"][0], "b3_launch")
+    acl = twin.build([kernel], acl=True)
+    i0 = rng.integers(-100, 100, (5, 1, 300)).astype(np.int32)
+    i1 = rng.integers(-100, 100, (1, 4, 1)).astype(np.int32)
+    i2 = rng.integers(-100, 100, (5, 4, 300)).astype(np.int32)
+    (z,), t = acl.launch(kernel.name, [i0, i1, i2], core_num=8)
+    np.testing.assert_array_equal(z, (i0 + i1) * i2)
+    assert (t.outer, t.mid, t.inner) == (5, 4, 300) and t.blockDim == 7  # 20 rows, 3 a block
+
+
+def test_fold_and_passes_together():
+    """A Prod of a value reading a Max (pass 1), next to a Sum (pass 0); an output reading both."""
+    text = ("in0: f32[?,?]\n%0 = Max in0 axes=[1]\n%1 = Div in0, %0\n%2 = Prod %1 axes=[1]\n"
+            "%3 = Sum in0 axes=[1]\n%4 = Mul %1, %2\n%5 = Sub %4, %3\nout0 = %5\nout1 = %2\n")
+    kernel = generate(text, "fold_passes")
+    assert kernel.ok and kernel.passes == 3, kernel.reason
+    lib = twin.build([kernel])
+    rng = np.random.default_rng(1)
+    for shape, cores, tile in (((7, 3000), 8, 0), ((7, 3000), 40, 256), ((1, 1), 1, 0)):
+        x = rng.uniform(0.99, 1.01, shape).astype(np.float32)
+        (y, p), _ = lib.run("fold_passes", [x], cores, tile)
+        x64 = x.astype(np.float64)
+        r = x64 / x64.max(1, keepdims=True)
+        want_p = r.prod(1, keepdims=True)
+        np.testing.assert_allclose(p, want_p, rtol=2e-5)
+        np.testing.assert_allclose(y, r * want_p - x64.sum(1, keepdims=True), rtol=1e-6, atol=1e-3)
+
+
+# ---- the two extensions together: bool values, compares, Select and advanced math (issue 6) ----
+# ---- inside the several-pass, fold, column and 3-level schedules --------------------------------
+
+COMBINED = {
+    # pass 0: max; pass 1: x == max (a compare against the broadcast reduced value), Select, Erf
+    # (sharedTmp), their Sum; pass 2: the division, the mask as a bool output
+    "mp_mask": ("in0: f32[?,?]\n%0 = Max in0 axes=[1]\n%1 = Equal in0, %0\n%2 = Select %1, in0, 0.0\n"
+                "%3 = Erf %2\n%4 = Sum %3 axes=[1]\n%5 = Div %3, %4\nout0 = %1\nout1 = %5\nout2 = %4\n"),
+    # i32: a fold Min, an int32 compare against it, Select, a fold Sum of that (pass 1, with the
+    # full output)
+    "mp_i32": ("in0: i32[?,?]\n%0 = Min in0 axes=[1]\n%1 = Greater in0, %0\n%2 = Select %1, in0, 0\n"
+               "%3 = Sum %2 axes=[1]\nout0 = %3\nout1 = %1\n"),
+    # f16: centred values, a compare, Cos (sharedTmp) and a Select in the second pass
+    "mp_f16": ("in0: f16[?,?]\n%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Greater %1, 0.0\n"
+               "%3 = Cos %1\n%4 = Select %2, %3, %1\nout0 = %4\n"),
+    # a fold Prod of a Select on a bool input
+    "fold_sel": "in0: bool[?,?]\nin1: f32[?,?]\n%0 = Select in0, in1, 1.0\n%1 = Prod %0 axes=[1]\nout0 = %1\n",
+    # the column schedule: a Sum over the leading axis of Erf(Select(bool, x, 0)), and that value
+    "col_bool": ("in0: bool[?,?]\nin1: f32[?,?]\n%0 = Select in0, in1, 0.0\n%1 = Erf %0\n"
+                 "%2 = Sum %1 axes=[0]\n%3 = IsFinite %1\nout0 = %2\nout1 = %3\n"),
+    # 3-level broadcast: a bool [A,1,C] condition (inner full: queued uint8 tiles) and a
+    # [1,B,1] bool (broadcast inner: one GetValue a tile), Pow (sharedTmp)
+    "b3_bool": ("in0: bool[?,1,?]\nin1: bool[1,?,1]\nin2: f32[?,?,?]\n%0 = LogicalAnd in0, in1\n"
+                "%1 = Pow in2, 2.0\n%2 = Select %0, %1, in2\nout0 = %2\nout1 = %0\n"),
+}
+
+
+@pytest.fixture(scope="module")
+def combined():
+    kernels = {name: generate(text, name) for name, text in COMBINED.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    assert {n: k.passes for n, k in kernels.items()} == {
+        "mp_mask": 3, "mp_i32": 2, "mp_f16": 2, "fold_sel": 1, "col_bool": 1, "b3_bool": 1}
+    assert kernels["col_bool"].split2 is not None and kernels["b3_bool"].split2 is not None
+    for name in ("mp_mask", "col_bool", "b3_bool", "mp_f16"):
+        src = kernels[name].sources[f"{name}_kernel.cpp"]
+        assert "sharedTmpBuf" in src and "sharedTmp (advanced math)" in src, name
+        # every Compute<q> that calls the advanced math declares the shared buffer
+        for body in re.findall(r"void Compute\d*\(.*?\n  \}\n", src, re.S):
+            if "sharedTmp," in body:
+                assert "LocalTensor<uint8_t> sharedTmp = sharedTmpBuf.Get<uint8_t>();" in body
+    return kernels, twin.build(kernels.values())
+
+
+def _erf64(x):
+    return np.vectorize(__import__("math").erf)(np.asarray(x, np.float64))
+
+
+@pytest.mark.parametrize("cores", [1, 8])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (9, 300), (3, 30_001)])
+def test_bool_compare_and_advanced_math_inside_the_new_schedules(combined, cores, rows, cols):
+    kernels, lib = combined
+    rng = np.random.default_rng(rows + cols + cores)
+    x = rng.uniform(-3, 3, (rows, cols)).astype(np.float32)
+    x[:, :1] = x.max(1, keepdims=True)  # a tie for the maximum
+    (m, y, s), _ = lib.run("mp_mask", [x], cores)
+    want_m = x == x.max(1, keepdims=True)
+    assert m.dtype == np.bool_
+    np.testing.assert_array_equal(m, want_m)
+    e = _erf64(np.where(want_m, x, 0.0))
+    np.testing.assert_allclose(s, e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+    i = rng.integers(-50, 50, (rows, cols)).astype(np.int32)
+    (si, gi), _ = lib.run("mp_i32", [i], cores)
+    g = i > i.min(1, keepdims=True)
+    np.testing.assert_array_equal(gi, g)
+    np.testing.assert_array_equal(si, np.where(g, i, 0).sum(1, keepdims=True).astype(np.int32))
+
+    h = rounded(x, "f16")
+    (z,), _ = lib.run("mp_f16", [store(h, "f16")], cores)
+    c = h - rounded(h.mean(1, keepdims=True), "f16")
+    want = np.where(c > 0, np.cos(c), c)
+    np.testing.assert_allclose(as_float(z, "f16"), want, rtol=4e-3, atol=4e-3)
+
+    b = rng.random((rows, cols)) < 0.3
+    v = rng.uniform(0.999, 1.001, (rows, cols)).astype(np.float32)
+    (p,), _ = lib.run("fold_sel", [b, v], cores)
+    np.testing.assert_allclose(p, np.where(b, v, 1.0).astype(np.float64).prod(1, keepdims=True), rtol=2e-5)
+
+    (cs, fin), _ = lib.run("col_bool", [b, x], cores)
+    ce = _erf64(np.where(b, x, 0.0))
+    assert cs.shape == (1, cols) and fin.dtype == np.bool_ and fin.all()
+    np.testing.assert_allclose(cs, ce.sum(0, keepdims=True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cores", [1, 8])
+@pytest.mark.parametrize("a,bb,c", [(2, 3, 5), (4, 5, 3000)])
+def test_bool_inputs_and_pow_in_the_3_level_broadcast(combined, cores, a, bb, c):
+    kernels, lib = combined
+    rng = np.random.default_rng(a * bb * c + cores)
+    c0 = rng.random((a, 1, c)) < 0.5
+    c1 = rng.random((1, bb, 1)) < 0.5
+    x = rng.uniform(-3, 3, (a, bb, c)).astype(np.float32)
+    (y, m), _ = lib.run("b3_bool", [c0, c1, x], cores)
+    want_m = c0 & c1
+    np.testing.assert_array_equal(m, want_m)
+    np.testing.assert_allclose(y, np.where(want_m, x.astype(np.float64) ** 2, x), rtol=1e-6)

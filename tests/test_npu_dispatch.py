@@ -128,6 +128,21 @@ def test_bool_values_run_on_the_stand_in_npu(child):
     np.testing.assert_allclose(s, arrays["boolean_unfused_1"], rtol=1e-6, atol=1e-7)
 
 
+def test_softmax_and_a_column_reduction_run_on_the_stand_in_npu(child):
+    report, arrays, _ = child
+    name = assert_on_npu(report, "softmax", runs=1)
+    assert name.startswith("autofuse_reduce_0_Max_Sub_Exp_Sum"), name
+    x = arrays["xr"].astype(np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(arrays["softmax_fused_0"], e / e.sum(axis=1, keepdims=True), rtol=2e-5, atol=1e-9)
+    np.testing.assert_allclose(arrays["softmax_fused_0"], arrays["softmax_unfused_0"], rtol=2e-5, atol=1e-9)
+    name = assert_on_npu(report, "column", runs=1)
+    assert name.startswith("autofuse_reduce_0_") and "Sum" in name, name
+    assert arrays["column_fused_0"].shape == (1000,)
+    np.testing.assert_allclose(arrays["column_fused_0"], (x * x).sum(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(arrays["column_fused_0"], arrays["column_unfused_0"], rtol=1e-5)
+
+
 def test_failed_launch_falls_back_to_the_cpu_with_one_warning(child):
     report, arrays, stderr = child
     name, library = only_kernel(report, "failing")

@@ -106,6 +106,17 @@ def boolean():  # bool values: a mask computed, combined, selected on, and retur
     return [m, s], [x, y]
 
 
+def softmax():  # several passes over each row (max, sum, output)
+    x = tf1.placeholder(tf.float32, [None, 1000], name="x")
+    e = tf.exp(x - tf.reduce_max(x, axis=1, keepdims=True))
+    return tf.identity(e / tf.reduce_sum(e, axis=1, keepdims=True), name="y"), [x]
+
+
+def column():  # a reduction over the leading axis: the column schedule
+    x = tf1.placeholder(tf.float32, [48, 1000], name="x")
+    return tf.reduce_sum(tf.square(x), axis=0, name="y"), [x]
+
+
 def failing():
     x = tf1.placeholder(tf.float32, [32, 100], name="x")
     return tf.sigmoid(tf.tanh(x) * 2.0, name="y"), [x]
@@ -140,6 +151,8 @@ case("rms", rms, [xr], autofuse_enable_pass="reduce")
 x32b = x32[::-1].copy()
 x32b[0, :7] = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, 70000.0]
 case("boolean", boolean, [x32b, x32])
+case("softmax", softmax, [xr], autofuse_enable_pass="reduce")
+case("column", column, [xr], autofuse_enable_pass="reduce")
 
 # 3. Launches that fail: the CPU path, one warning for the kernel (two sessions, three runs).
 os.environ["TWIN_ACL_FAIL_SYNC"] = "1"

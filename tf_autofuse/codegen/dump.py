@@ -49,6 +49,19 @@ def _split_tiling_text(kernel: Kernel) -> str:
     if all(d >= 0 for v in views for d in v):
         import numpy as np
         shape = tuple(np.broadcast_shapes(*views))
+    if kernel.split2 is not None:  # the column schedule: [outer, mid (reduced), inner]
+        what = (f"axes [{kernel.split}, {kernel.split2}) reduced" if program.has_reduction else
+                f"3-level broadcast, mid axes [{kernel.split}, {kernel.split2}), inputs {kernel.patterns}")
+        lines = [f"# tiling data ({', '.join(n for _, n in tiling.COLUMN_FIELDS)}); {what}"]
+        dims = [kernel.column_dims(shape)] if shape else [(1, 1000, 64), (8, 300, 60), (1, 64, 30001)]
+        if not shape:
+            lines.append("# the shape is known at run time; examples of (outer, mid, inner)")
+        for outer, mid, inner in dims:
+            for cores in CORE_NUMS:
+                t = tiling.compute_column(outer, mid, inner, cores, kernel.ub.max_tile,
+                                          rows=not program.has_reduction)
+                lines.append(f"outer={outer} mid={mid} inner={inner} cores={cores}: {t.as_dict()}")
+        return "\n".join(lines) + "\n"
     fields = tiling.BCAST_FIELDS
     lines = [f"# tiling data ({', '.join(n for _, n in fields)}); {kernel.patterns} split at axis {kernel.split}"]
     pairs = [kernel.outer_inner(shape)] if shape else [(1, 1000), (64, 192), (1000, 30001)]

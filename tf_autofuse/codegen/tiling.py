@@ -182,8 +182,9 @@ extern "C" int {kernel}_tiling(uint64_t outer, uint64_t inner, uint32_t core_num
 """
 
 
-def cpp_struct(name: str, bcast: bool = False) -> str:
-    fields = "\n".join(f"  {ctype} {field};" for ctype, field in (BCAST_FIELDS if bcast else TILING_FIELDS))
+def cpp_struct(name: str, bcast: bool = False, column: bool = False) -> str:
+    fields = "\n".join(f"  {ctype} {field};" for ctype, field in
+                       (COLUMN_FIELDS if column else BCAST_FIELDS if bcast else TILING_FIELDS))
     return f"struct {name} {{\n{fields}\n}};\n"
 
 
@@ -220,6 +221,128 @@ extern "C" int {kernel}_tiling(uint64_t total, uint32_t core_num, uint32_t tile_
   t->tailLength = static_cast<uint32_t>(block_len - (t->tileNum - 1) * tile);
   t->lastTileNum = static_cast<uint32_t>((last_len + tile - 1) / tile);
   t->lastTailLength = static_cast<uint32_t>(last_len - (t->lastTileNum - 1) * tile);
+  return 0;
+}}
+"""
+
+
+COLUMN_FIELDS = (  # the column schedule: the iteration shape as [outer, mid (reduced), inner]
+    ("uint64_t", "outer"),
+    ("uint64_t", "mid"),
+    ("uint64_t", "inner"),
+    ("uint64_t", "tilesPerRow"),
+    ("uint64_t", "totalTiles"),
+    ("uint64_t", "tilesPerBlock"),
+    ("uint32_t", "blockDim"),
+    ("uint32_t", "tileLength"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnTiling:
+    outer: int
+    mid: int
+    inner: int
+    tilesPerRow: int
+    totalTiles: int
+    tilesPerBlock: int
+    blockDim: int
+    tileLength: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def compute_column(outer: int, mid: int, inner: int, core_num: int, max_tile: int,
+                   rows: bool = False) -> ColumnTiling:
+    """Work items are (outer index, chunk of the inner axis); each walks the mid (reduced) axis.
+    rows (the 3-level broadcast): items are (outer x mid row, chunk), nothing is walked."""
+    if outer <= 0 or inner <= 0 or mid <= 0 or core_num <= 0:
+        return ColumnTiling(max(outer, 0), max(mid, 0), max(inner, 0), 0, 0, 0, 0, max_tile)
+    if rows:
+        tile = min(max_tile, _ceil(inner, ALIGN_ELEMS) * ALIGN_ELEMS)
+        per_row = _ceil(inner, tile)
+        total = outer * mid * per_row
+        per_block = _ceil(total, min(core_num, total))
+        return ColumnTiling(outer, mid, inner, per_row, total, per_block, _ceil(total, per_block), tile)
+    want = _ceil(core_num, outer)  # chunks a row so that every core gets an item, when it can
+    tile = min(max_tile, _ceil(_ceil(inner, want), ALIGN_ELEMS) * ALIGN_ELEMS)
+    per_row = _ceil(inner, tile)
+    total = outer * per_row
+    per_block = _ceil(total, min(core_num, total))
+    return ColumnTiling(outer, mid, inner, per_row, total, per_block, _ceil(total, per_block), tile)
+
+
+def cpp_column_function(kernel: str, struct: str, max_tile: int, rows: bool = False) -> str:
+    """`int KERNEL_tiling(outer, mid, inner, core_num, tile_override, out)`. rows: the 3-level
+    broadcast (items are chunks of the outer x mid rows of length inner)."""
+    if rows:
+        return f"""\
+static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
+static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
+
+// The iteration shape as [outer, mid, inner]; tiles are chunks of one of the outer x mid rows (the
+// tile: the UB maximum, or the row rounded up to {ALIGN_ELEMS}), dealt to at most core_num blocks in
+// equal runs. tile_override != 0 forces the tile (tests).
+extern "C" int {kernel}_tiling(uint64_t outer, uint64_t mid, uint64_t inner, uint32_t core_num,
+                               uint32_t tile_override, {struct}* t) {{
+  const uint64_t align = {kernel}_ALIGN;
+  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
+  t->outer = outer;
+  t->mid = mid;
+  t->inner = inner;
+  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
+  t->blockDim = 0;
+  t->tileLength = static_cast<uint32_t>(max_tile);
+  if (core_num == 0) return 1;
+  if (outer == 0 || mid == 0 || inner == 0) return 0;
+  uint64_t row = (inner + align - 1) / align * align;
+  uint64_t tile = max_tile < row ? max_tile : row;
+  uint64_t per_row = (inner + tile - 1) / tile;
+  uint64_t total = outer * mid * per_row;
+  uint64_t block_dim = total < core_num ? total : core_num;
+  uint64_t per_block = (total + block_dim - 1) / block_dim;
+  t->tileLength = static_cast<uint32_t>(tile);
+  t->tilesPerRow = per_row;
+  t->totalTiles = total;
+  t->tilesPerBlock = per_block;
+  t->blockDim = static_cast<uint32_t>((total + per_block - 1) / per_block);
+  return 0;
+}}
+"""
+    return f"""\
+static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
+static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
+
+// The iteration shape as [outer, mid, inner], mid reduced. Work items are {ALIGN_ELEMS}-aligned
+// chunks of the inner axis (at most the UB tile, smaller when that gives every core an item), per
+// outer index; each walks the mid axis accumulating element-wise. The outer x tilesPerRow items are dealt to at most core_num blocks in equal runs.
+// Returns 2 (the CPU path) for an empty reduction, 0 otherwise; tile_override != 0 forces the tile.
+extern "C" int {kernel}_tiling(uint64_t outer, uint64_t mid, uint64_t inner, uint32_t core_num,
+                               uint32_t tile_override, {struct}* t) {{
+  const uint64_t align = {kernel}_ALIGN;
+  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
+  t->outer = outer;
+  t->mid = mid;
+  t->inner = inner;
+  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
+  t->blockDim = 0;
+  t->tileLength = static_cast<uint32_t>(max_tile);
+  if (core_num == 0) return 1;
+  if (outer == 0 || inner == 0) return 0;
+  if (mid == 0) return 2;  // an empty reduction gives identities: the CPU path
+  uint64_t want = (core_num + outer - 1) / outer;  // chunks a row so that every core gets an item
+  uint64_t chunk = ((inner + want - 1) / want + align - 1) / align * align;
+  uint64_t tile = max_tile < chunk ? max_tile : chunk;
+  uint64_t per_row = (inner + tile - 1) / tile;
+  uint64_t total = outer * per_row;
+  uint64_t block_dim = total < core_num ? total : core_num;
+  uint64_t per_block = (total + block_dim - 1) / block_dim;
+  t->tileLength = static_cast<uint32_t>(tile);
+  t->tilesPerRow = per_row;
+  t->totalTiles = total;
+  t->tilesPerBlock = per_block;
+  t->blockDim = static_cast<uint32_t>((total + per_block - 1) / per_block);
   return 0;
 }}
 """

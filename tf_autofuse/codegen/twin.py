@@ -45,6 +45,20 @@ class _BcastTiling(ctypes.Structure):
         return _tiling.BcastTiling(**{name: getattr(self, name) for _, name in _tiling.BCAST_FIELDS})
 
 
+class _ColumnTiling(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64 if ctype == "uint64_t" else ctypes.c_uint32)
+                for ctype, name in _tiling.COLUMN_FIELDS]
+
+    def as_tiling(self) -> _tiling.ColumnTiling:
+        return _tiling.ColumnTiling(**{name: getattr(self, name) for _, name in _tiling.COLUMN_FIELDS})
+
+
+def _tiling_struct(kernel: Kernel):
+    if kernel.split is None:
+        return _Tiling()
+    return _ColumnTiling() if kernel.split2 is not None else _BcastTiling()
+
+
 class _LaunchArgs(ctypes.Structure):
     _fields_ = [("abi_version", ctypes.c_uint32), ("device_id", ctypes.c_int32),
                 ("stream", ctypes.c_void_p), ("core_num", ctypes.c_uint32),
@@ -62,19 +76,27 @@ def _harness(k: Kernel, acl: bool) -> str:
     gm = ", ".join([f"(GM_ADDR)ins[{i}]" for i in range(nin)] + [f"(GM_ADDR)outs[{i}]" for i in range(nout)])
     extent = {"full": "total", "row": "inner", "col": "outer", "scalar": "1"}
     patterns = k.patterns or ("full",) * nin
-    reg = "".join(f"  twin::Gm().Add(ins[{i}], ({extent[patterns[i]]}) * sizeof({t}));\n"
+    def extent_of(pat):  # 3-level broadcast patterns: "f"/"b" for outer, mid (inner / rest), rest
+        if pat in extent:  # full / row / col / scalar
+            return extent[pat]
+        return " * ".join(d for d, p in zip(("outer", "(inner / rest)", "rest"), pat) if p == "f") or "1"
+
+    reg = "".join(f"  twin::Gm().Add(ins[{i}], ({extent_of(patterns[i])}) * sizeof({t}));\n"
                   for i, t in enumerate(k.inputs))
     out_red = k.out_reduced or (False,) * nout
-    reg += "".join(f"  twin::Gm().Add(outs[{i}], ({'outer' if out_red[i] else 'total'}) * sizeof({t}));\n"
+    reduced = "outer * rest" if k.split2 is not None else "outer"
+    reg += "".join(f"  twin::Gm().Add(outs[{i}], ({reduced if out_red[i] else 'total'}) * sizeof({t}));\n"
                    for i, t in enumerate(k.outputs))
     unreg = "".join(f"  twin::Gm().Remove(ins[{i}]);\n" for i in range(nin))
     unreg += "".join(f"  twin::Gm().Remove(outs[{i}]);\n" for i in range(nout))
     tiling_call = (f"{n}_tiling(total, core_num, tile_override, &t)" if k.split is None
+                   else f"{n}_tiling(outer, rest ? inner / rest : 0, rest, core_num, tile_override, &t)"
+                   if k.split2 is not None
                    else f"{n}_tiling(outer, inner, core_num, tile_override, &t)")
     text = f"""
 extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t outer, uint64_t inner,
                             uint32_t core_num, uint32_t tile_override, void* tiling_out, char* err,
-                            uint32_t err_len) {{
+                            uint32_t err_len, uint64_t rest) {{
   {n}_TilingData t;
   const uint64_t total = outer * inner;
   if ({tiling_call} != 0) {{
@@ -206,7 +228,8 @@ class TwinLibrary:
             outer, inner = kernel.outer_inner(shape)
             total = outer * inner
         red = kernel.out_reduced or (False,) * len(kernel.outputs)
-        outs = [np.full(outer if r else total, 0x7B, dtype=NUMPY[c]) for c, r in zip(kernel.outputs, red)]
+        reduced = outer * kernel.column_dims(shape)[2] if kernel.split2 is not None else outer
+        outs = [np.full(reduced if r else total, 0x7B, dtype=NUMPY[c]) for c, r in zip(kernel.outputs, red)]
         return [a.reshape(-1) for a in arrays], outs, outer, inner, shape
 
     @staticmethod
@@ -215,7 +238,8 @@ class TwinLibrary:
         if kernel.split is None:
             return outs
         red = kernel.out_reduced or (False,) * len(outs)
-        kept = tuple(shape[:kernel.split]) + (1,) * (len(shape) - kernel.split)
+        end = len(shape) if kernel.split2 is None else kernel.split2
+        kept = tuple(shape[:kernel.split]) + (1,) * (end - kernel.split) + tuple(shape[end:])
         return [o.reshape(kept if r else shape) for o, r in zip(outs, red)]
 
     def run(self, name: str, inputs, core_num: int, tile_override: int = 0):
@@ -224,12 +248,14 @@ class TwinLibrary:
         arrays, outs, outer, inner, shape = self._buffers(kernel, inputs)
         ins_p = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
         outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        t = _Tiling() if kernel.split is None else _BcastTiling()
+        t = _tiling_struct(kernel)
         err = ctypes.create_string_buffer(4096)
         fn = getattr(self.lib, f"{name}_twin_run")
         fn.restype = ctypes.c_int
+        rest = kernel.column_dims(shape)[2] if kernel.split2 is not None else 0
         rc = fn(ins_p, outs_p, ctypes.c_uint64(outer), ctypes.c_uint64(inner), ctypes.c_uint32(core_num),
-                ctypes.c_uint32(tile_override), ctypes.byref(t), err, ctypes.c_uint32(len(err)))
+                ctypes.c_uint32(tile_override), ctypes.byref(t), err, ctypes.c_uint32(len(err)),
+                ctypes.c_uint64(rest))
         if rc != 0:
             raise TwinError(err.value.decode(errors="replace"))
         return self._shaped(kernel, outs, shape), t.as_tiling()
@@ -240,7 +266,7 @@ class TwinLibrary:
         arrays, outs, outer, inner, shape = self._buffers(kernel, inputs)
         ins_p = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
         outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        t = _Tiling() if kernel.split is None else _BcastTiling()
+        t = _tiling_struct(kernel)
         err = ctypes.create_string_buffer(4096)
         dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
         counts = (ctypes.c_uint64 * max(1, len(arrays)))(*[a.size for a in arrays])

@@ -139,6 +139,8 @@ struct Block {
   uint32_t used = 0;  // bytes of UB handed out by InitBuffer
   std::vector<std::string> errors;  // found after the kernel returned (destructors)
   std::vector<std::pair<uint32_t, uint32_t>> dirty;  // UB ranges written since the last barrier
+  std::vector<std::pair<uint32_t, uint32_t>> unsynced_s;  // UB written since the last V->S WaitFlag
+  std::vector<std::pair<uint32_t, uint32_t>> unsynced_v;  // UB SetValue'd since the last S->V WaitFlag
   uint64_t vector_ops = 0, copies = 0;
 };
 inline Block*& Current() {
@@ -195,8 +197,22 @@ class LocalTensor {
   LocalTensor<U> ReinterpretCast() const {
     return LocalTensor<U>(slot_, generation_, offset_, count_ * sizeof(T) / sizeof(U), owner_);
   }
-  T GetValue(uint32_t i) const { return Data(i + 1, "GetValue")[i]; }
-  void SetValue(uint32_t i, T v) { Data(i + 1, "SetValue")[i] = v; }
+  T GetValue(uint32_t i) const {  // a scalar read: needs SetFlag/WaitFlag<HardEvent::V_S> after a write
+    const T* p = Data(i + 1, "GetValue");
+    for (auto& d : twin::Cur().unsynced_s)
+      if (offset_ + i * sizeof(T) < d.first + d.second && d.first < offset_ + (i + 1) * sizeof(T))
+        twin::Fail("LocalTensor::GetValue: reads UB written by a vector instruction or copy without "
+                   "SetFlag/WaitFlag<HardEvent::V_S> in between");
+    return p[i];
+  }
+  void SetValue(uint32_t i, T v) {  // a scalar write: vector reads need SetFlag/WaitFlag<HardEvent::S_V>
+    Data(i + 1, "SetValue")[i] = v;
+    twin::Cur().unsynced_v.push_back({static_cast<uint32_t>(offset_ + i * sizeof(T)), sizeof(T)});
+  }
+  LocalTensor operator[](uint32_t offset) const {  // elements [offset, size) of this tensor
+    Data(offset, "LocalTensor[]");
+    return LocalTensor(slot_, generation_, offset_ + offset * sizeof(T), count_ - offset, owner_);
+  }
 
  private:
   twin::Slot* slot_ = nullptr;
@@ -400,7 +416,12 @@ void CheckAligned(const LocalTensor<T>& t, uint32_t count, const char* api) {
     twin::Fail(std::string(api) + ": " + std::to_string(count) + " elements of " +
                std::to_string(sizeof(T)) + " bytes is not a multiple of 32 bytes (use DataCopyPad)");
 }
-inline void Touch(uint32_t offset, uint32_t bytes) { twin::Cur().dirty.push_back({offset, bytes}); }
+inline void Touch(uint32_t offset, uint32_t bytes) {
+  twin::Cur().dirty.push_back({offset, bytes});
+  auto& unsynced = twin::Cur().unsynced_s;  // bounded: past 4096 ranges, all of UB counts as written
+  if (unsynced.size() < 4096) unsynced.push_back({offset, bytes});
+  else unsynced.assign(1, {0u, static_cast<uint32_t>(AUTOFUSE_UB_BYTES)});
+}
 }  // namespace detail
 
 template <typename T>
@@ -471,6 +492,10 @@ void Read(const LocalTensor<T>& t, int32_t count, const char* api) {
     if (Overlaps(t.UbOffset(), bytes, d.first, d.second))
       twin::Fail(std::string(api) + ": reads UB written by the previous vector instruction "
                  "without PipeBarrier<PIPE_V>()");
+  for (auto& d : twin::Cur().unsynced_v)
+    if (Overlaps(t.UbOffset(), bytes, d.first, d.second))
+      twin::Fail(std::string(api) + ": reads UB written by LocalTensor::SetValue without "
+                 "SetFlag/WaitFlag<HardEvent::S_V> in between");
 }
 template <typename T>
 T* Write(const LocalTensor<T>& t, int32_t count, const char* api) {
@@ -809,6 +834,43 @@ void Power(LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, 
 }
 // ---- end of ops added for opmap coverage ----
 
+// ---- APIs added for reduce/broadcast schedules ----
+// Vector -> scalar synchronisation: the scalar unit may read UB (LocalTensor::GetValue) written by
+// a vector instruction only after SetFlag<HardEvent::V_S>(id) and WaitFlag<HardEvent::V_S>(id) of
+// the same event id; a WaitFlag without its SetFlag is an error. Likewise a vector instruction may
+// read UB written by LocalTensor::SetValue only after SetFlag/WaitFlag<HardEvent::S_V>.
+// (LocalTensor::operator[], GetValue's and SetValue's checks and Read's S_V check live in the
+// class and in detail::Read above.)
+enum class HardEvent { V_S, S_V, MTE2_V, V_MTE3, MTE2_S, MTE3_S };
+}  // namespace AscendC
+enum event_t : int { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_ID5, EVENT_ID6, EVENT_ID7 };
+namespace twin {
+inline std::map<std::pair<int, int>, int>& Flags() {  // (event, id) -> sets not yet waited, this block
+  static thread_local Block* owner = nullptr;
+  static thread_local std::map<std::pair<int, int>, int> flags;
+  if (owner != &Cur()) {
+    owner = &Cur();
+    flags.clear();
+  }
+  return flags;
+}
+}  // namespace twin
+namespace AscendC {
+template <HardEvent e>
+inline void SetFlag(int32_t id) {
+  twin::Cur();
+  if (id < 0 || id > 7) twin::Fail("SetFlag: event id out of range");
+  ++twin::Flags()[{static_cast<int>(e), id}];
+}
+template <HardEvent e>
+inline void WaitFlag(int32_t id) {
+  int& pending = twin::Flags()[{static_cast<int>(e), id}];
+  if (pending <= 0) twin::Fail("WaitFlag without a matching SetFlag of the same event and id");
+  --pending;
+  if (e == HardEvent::V_S || e == HardEvent::MTE2_S) twin::Cur().unsynced_s.clear();
+  if (e == HardEvent::S_V) twin::Cur().unsynced_v.clear();
+}
+// ---- end of APIs added for reduce/broadcast schedules ----
 }  // namespace AscendC
 
 // ---- running blocks ----------------------------------------------------------------------------
