@@ -120,7 +120,7 @@ def test_every_op_and_dtype_is_generated_or_refused_with_a_reason(op_kernels):
             assert "f64 has no Ascend vector type" in reason, reason
         else:
             assert opmap.refusal(op, ascendc.STORAGE[dtype]) in reason, (op, dtype, reason)
-    assert {op for op, d in refused if d != "f64"} == {"FloorMod"}
+    assert {op for op, d in refused if d != "f64"} == set()  # FloorMod was the last one
     generated = {key for key, k in kernels.items() if k.ok}
     assert len(generated) >= 140, sorted(refused)
 
@@ -131,7 +131,7 @@ def test_every_catalog_op_is_mapped_or_refused_and_the_refused_list_shrank():
     reductions = {s.ir_name for s in catalog.OPS if s.kind == catalog.REDUCE}
     assert reductions == set(ascendc.FOLD_OP)  # Prod: a fold reduction (no vector reduce API)
     assert reductions == set(ascendc.REDUCE_API) | {"Prod"}
-    assert set(opmap.refused_ops()) == {"FloorMod"}  # issue 6: 21 ops refused before
+    assert set(opmap.refused_ops()) == set()  # issue 6: 21 ops refused before, FloorMod the last
     for op, reason in opmap.refused_ops().items():
         assert len(reason) > 40, (op, reason)
     for op in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "Select"):
@@ -268,7 +268,7 @@ def test_blacklist_is_read_from_autofuse_flags():
 @pytest.mark.parametrize("text,why", [
     ("in0: f64[?]\n%0 = Abs in0\nout0 = %0\n", "f64"),
     ("in0: f64[?]\n%0 = Erf in0\nout0 = %0\n", "f64"),
-    ("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "exact fmod"),
+    ("in0: f64[?]\nin1: f64[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "f64"),
     ("in0: f32[4,1,6,1]\nin1: f32[4,5,6,7]\n%0 = Add in0, in1\nout0 = %0\n", "[outer, mid, inner]"),
     ("in0: f32[4,10]\nin1: f32[10]\n%0 = Mul in0, in1\n%1 = Sum %0 axes=[0]\nout0 = %1\n", "column schedule reads every input in full"),
     ("in0: i32[4,10]\n%0 = Prod in0 axes=[1]\nout0 = %0\n", "Prod of i32"),
@@ -558,7 +558,7 @@ def test_a_failed_npu_build_warns_once_and_keeps_the_cpu_path(tmp_path):
 def test_unmappable_group_is_not_built(tmp_path):
     cann.reset_for_tests()
     env = fake_cann(tmp_path / "ascend")
-    assert cann.prepare("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "floormod_only", env) is None
+    assert cann.prepare("in0: f64[?]\nin1: f64[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "floormod_only", env) is None
 
 
 def test_attach_npu_libraries_without_cann_changes_nothing(tmp_path):
@@ -587,7 +587,7 @@ def test_cmake_build_plan_names_the_toolchain(tmp_path):
 def test_debug_dump_hook_writes_sources_tiling_commands_and_logs(tmp_path):
     env = {"AUTOFUSE_DFX_FLAGS": f"--codegen_compile_debug=true;--debug_dir={tmp_path}"}
     fusions = [("autofuse_pointwise_0_Abs_Relu_Exp", CHAIN.replace("[?]", "[64,100]")),
-               ("autofuse_pointwise_1_FloorMod", "in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n")]
+               ("autofuse_pointwise_1_FloorMod", "in0: f64[?]\nin1: f64[?]\n%0 = FloorMod in0, in1\nout0 = %0\n")]
     kernels = dump.dump_if_enabled(fusions, environ=env)
     assert [k.ok for k in kernels] == [True, False]
     out = tmp_path / "codegen/autofuse_pointwise_0_abs_relu_exp"
@@ -599,7 +599,7 @@ def test_debug_dump_hook_writes_sources_tiling_commands_and_logs(tmp_path):
     assert "total=6400 cores=40" in (out / "tiling.txt").read_text()
     assert "g++" in (out / "build_commands.txt").read_text()
     assert "cmake" in (out / "build_commands.txt").read_text()
-    assert "FloorMod" in (tmp_path / "codegen/autofuse_pointwise_1_floor_mod/refused.txt").read_text()
+    assert "f64" in (tmp_path / "codegen/autofuse_pointwise_1_floor_mod/refused.txt").read_text()
     assert dump.dump_if_enabled(fusions, environ={}) == []
 
 
@@ -855,6 +855,8 @@ COVERAGE = {
                       "%3 = Cast %2 to=f32\nout0 = %1\nout1 = %3\n",
     **{f"floordiv_{d}": f"in0: {d}[?]\nin1: {d}[?]\n%0 = FloorDiv in0, in1\nout0 = %0\n"
        for d in ("f32", "f16", "bf16")},
+    **{f"floormod_{d}": f"in0: {d}[?]\nin1: {d}[?]\n%0 = FloorMod in0, in1\nout0 = %0\n"
+       for d in ("f32", "f16", "bf16")},
     "adv_chain": "in0: f32[?]\nin1: f32[?]\n%0 = Erf in0\n%1 = Sin %0\n%2 = Pow in1, %1\n%3 = Atan %2\n"
                  "%4 = Erfc in1\n%5 = Add %3, %4\nout0 = %5\n",
 }
@@ -1003,6 +1005,90 @@ def test_floordiv_on_special_values(coverage, dtype, cores, count):
         got, want = from_bf16(got), from_bf16(want)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))  # floor(-0.0 / 5) = -0.0
+
+
+_F32_MAX, _F32_TINY = float(np.finfo(np.float32).max), 2.0 ** -149
+# (x, y): signs of exact multiples, y = +-inf, y = +-0, x = inf/NaN, the longest fp32 division
+# (FLT_MAX by the smallest subnormal), x - y rounding to y, subnormal operands and remainders
+FLOORMOD_EDGES = [(5, 3), (-5, 3), (5, -3), (-5, -3), (-4, 2), (4, -2), (0.0, 3), (-0.0, 3), (0.0, -3),
+                  (-0.0, -3), (1, np.inf), (-1, np.inf), (1, -np.inf), (-1, -np.inf), (0.0, np.inf),
+                  (-0.0, -np.inf), (1, 0.0), (-1, -0.0), (0.0, 0.0), (np.inf, 3), (-np.inf, 3),
+                  (np.inf, np.inf), (np.nan, 3), (3, np.nan), (np.nan, 0.0), (_F32_MAX, _F32_TINY),
+                  (-_F32_MAX, _F32_TINY), (_F32_MAX, -3 * _F32_TINY), (-1e-30, 1e30), (1e-30, -1e30),
+                  (_F32_TINY, 1e-30), (-_F32_TINY, 1e30), (3 * _F32_TINY, 2 * _F32_TINY),
+                  (-7 * _F32_TINY, 2 * _F32_TINY), (2.0 ** 60 + 2.0 ** 37, 3.0), (-(2.0 ** 60), 3.0),
+                  (65504.0, 2.0 ** -24), (-65504.0, 3 * 2.0 ** -24), (1.0, 2.0 ** -24), (-1.0, 2.0 ** -133),
+                  # around 2^-126 (TF's CPU kernels flush fp32 subnormals: DAZ and FTZ)
+                  (-1.5 * 2.0 ** -126, 2.0 ** -126), (1.5 * 2.0 ** -126, -(2.0 ** -126)), (-(2.0 ** -126), 3.0),
+                  (-1.25 * 2.0 ** -126, 1.5 * 2.0 ** -126), (1.25 * 2.0 ** -126, -1.5 * 2.0 ** -126),
+                  (-2.0 ** -100, 2.0 ** -126), (-3 * 2.0 ** -126, 2.0 ** -125 + 2.0 ** -148)]
+_EXP_RANGE = {"f32": (-149, 128), "f16": (-24, 16), "bf16": (-133, 128)}
+
+
+def _floormod_inputs(dtype, count, rng):
+    """x, y (storage): a quarter each of special values, magnitudes over the whole exponent range
+    (subnormals and infinities included), |x / y| up to 2^60, and tiny y; random signs; the edge
+    pairs first, and random bit patterns on an eighth of the lanes."""
+    lo, hi = _EXP_RANGE[dtype]
+    sign = lambda: rng.choice([-1.0, 1.0], count)
+    wide = lambda: sign() * 2.0 ** rng.uniform(lo, hi, count)
+    y = np.select([rng.random(count) < p for p in (0.25, 0.5, 0.75)],
+                  [rng.choice(SPECIAL, count), wide(), wide()],
+                  sign() * 2.0 ** rng.uniform(lo, lo + 40, count))  # tiny y
+    ratio = sign() * 2.0 ** rng.uniform(0, 60, count) * rng.uniform(1, 2, count)
+    x = np.where(rng.random(count) < 0.5, y * ratio, np.where(rng.random(count) < 0.5, wide(),
+                                                              rng.choice(SPECIAL, count)))
+    x[np.isnan(x)] = 1.5  # NaN * ratio and inf * ratio come from SPECIAL; keep some finite lanes
+    edges = np.array(FLOORMOD_EDGES, np.float64)
+    k = min(len(edges), count)
+    x[:k], y[:k] = edges[:k, 0], edges[:k, 1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        x, y = store(x, dtype), store(y, dtype)
+    bits = np.uint32 if dtype == "f32" else np.uint16  # and an eighth of random bit patterns
+    for v in (x, y):
+        pick = np.flatnonzero(rng.random(count) < 0.125)
+        pick = pick[pick >= k]
+        v.view(bits)[pick] = rng.integers(0, np.iinfo(bits).max, pick.size, dtype=np.uint64).astype(bits)
+    return x, y
+
+
+def _tf_floormod(x, y, dtype):
+    import tensorflow as tf
+    if dtype == "bf16":  # bf16 storage is uint16 bits
+        a, b = (tf.bitcast(tf.constant(v), tf.bfloat16) for v in (x, y))
+        return tf.bitcast(tf.math.floormod(a, b), tf.uint16).numpy()
+    return tf.math.floormod(x, y).numpy()
+
+
+@pytest.mark.parametrize("cores,count", COUNTS)
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_floormod_matches_tensorflow_bit_for_bit(coverage, dtype, cores, count):
+    x, y = _floormod_inputs(dtype, count, np.random.default_rng(cores + 8))
+    (got,) = _run(coverage, f"floormod_{dtype}", [x, y], cores)
+    want = _tf_floormod(x, y, dtype)
+    assert got.dtype == want.dtype
+    with np.errstate(invalid="ignore"):  # signalling NaNs among the random bit patterns
+        g, w = as_float(got, dtype), as_float(want, dtype)
+        a, b = as_float(x, dtype), as_float(y, dtype)
+    np.testing.assert_array_equal(np.isnan(g), np.isnan(w))  # NaN payloads are not compared
+    bits = np.uint32 if dtype == "f32" else np.uint16
+    finite = ~np.isnan(w)
+    bad = np.flatnonzero(got.view(bits)[finite] != want.view(bits)[finite])
+    assert not bad.size, (f"{bad.size} differ: x={a[finite][bad[:4]]} y={b[finite][bad[:4]]} "
+                          f"got={g[finite][bad[:4]]} want={w[finite][bad[:4]]}")
+    if dtype == "f32":  # the inputs reach the edges they are meant to
+        with np.errstate(all="ignore"):
+            q = np.abs(a / b)
+        assert (q[np.isfinite(q)] >= 2.0 ** 59).any() and (np.abs(b) < 2.0 ** -126).any()
+        assert (w == 0).any() and (np.signbit(w) & (w == 0)).any() and np.isinf(w).any()
+
+
+def test_floormod_bounds_its_loop_by_the_tile():
+    kernel = generate("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "fm_src")
+    assert kernel.ok, kernel.reason
+    src = kernel.sources[f"{kernel.name}_kernel.cpp"]
+    assert "ReduceMax(" in src and "WaitFlag<HardEvent::V_S>(EVENT_ID0);" in src
+    assert "fmSteps < 278" in src and "CMPMODE::GE" in src
 
 
 @pytest.mark.parametrize("cores,count", COUNTS)

@@ -231,6 +231,6 @@ def test_attach_skips_graphs_without_fused_nodes_and_remembers_builds(backend, t
     cann.attach_npu_libraries(fused_graph(f16), blacklist=())
     assert [k.half_ops for k in built[1:]] == [("%0 = Exp",), ()]
     # a program the generator refuses is not stamped (and not built)
-    g = fused_graph("in0: f32[?]\nin1: f32[?]\n%0 = FloorMod in0, in1\nout0 = %0\n")
+    g = fused_graph("in0: f64[?]\nin1: f64[?]\n%0 = FloorMod in0, in1\nout0 = %0\n")
     assert cann.attach_npu_libraries(g, blacklist=()) == 0 and len(built) == 3
     assert cann.NPU_LIBRARY_ATTR not in g.node[0].attr

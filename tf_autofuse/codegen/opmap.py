@@ -304,9 +304,99 @@ _add("Cast", FLOAT, 1, ["Cast", "Muls"], _cast)
 _add("FloorDiv", FLOAT, 4, ["Div", "Abs", "Duplicate", "Compare", "Cast", "Select", "And", "Or"],
      lambda T, d, s, n, t: [f"Div({t[3]}, {s[0]}, {s[1]}, {n});"]
      + _rounding("CAST_FLOOR")(T, d, [t[3]], n, t[:3]), tile_only=True)
-_refuse("FloorMod", "TF's float FloorMod is the exact fmod remainder with y's sign; x - floor(x/y)*y "
-                    "on the vector unit rounds the product (it can give y instead of 0, or the wrong "
-                    "sign), and there is no vector fmod: not generated")
+# FloorMod, as TF's CPU kernel computes it: r = fmod(x, y) (glibc's exact remainder, x's sign),
+# then r + y where r != 0 and r, y differ in sign. TF's CPU threads flush fp32 subnormals (DAZ,
+# FTZ), which shows through: y with |y| < 2^-126 counts as 0 (NaN), a subnormal r counts as 0
+# (returned as is, never moved to y's sign), r + y below 2^-126 is a zero of its sign. Also NaN
+# for x = +-inf or a NaN; fmod(x, +-inf) = x. f16/bf16 are widened to fp32 first, exactly as TF
+# does (fmod of narrow values is exact, r + y rounds as its half/bfloat16 add does) and rounded
+# once on the store; f16 never meets the subnormal rules (its values are normal fp32).
+# fmod(|x|, |y|) is a restoring division on the vector unit, exact at every step: from the top
+# k down to 0, t = |y| * 2^k (exact: a scaling by powers of two <= 2^127, or +inf where it
+# overflows) and r = r >= t ? r - t : r (t <= r < 2t, so r - t is exact by Sterbenz). The top k
+# is bounded per tile: q = max over the tile of |x| / |y| (ReduceMax, read by the scalar unit
+# after a V->S sync), and k starts at the smallest K with 2^K > q (one step more, as a margin):
+# |x| < |y| * 2^K on every lane. At most 278 steps (|x| / |y| < 2^277 in fp32), one when |x| < |y|
+# everywhere; each step is 4 vector instructions (5-6 when 2^k > 2^127).
+_FP32_MIN_NORMAL = 2.0 ** -126
+
+
+def _floormod(T, d, s, n, t):
+    x, y = s
+    r, b, w, mk, c = t[:5]
+
+    def m(stmt):
+        return f"{{ LocalTensor<uint8_t> m = {mk}.ReinterpretCast<uint8_t>(); {stmt} }}"
+
+    def bits(stmt, *views):  # uint16 views of float tensors, named v0, v1, ...
+        decl = " ".join(f"LocalTensor<uint16_t> v{i} = {v}.ReinterpretCast<uint16_t>();"
+                        for i, v in enumerate(views))
+        return f"{{ {decl} {stmt} }}"
+
+    sel = "SELMODE::VSEL_TENSOR_TENSOR_MODE"
+    loop = "\n    ".join([  # one statement: continuation lines indented as the body
+        "{",
+        "  SetFlag<HardEvent::V_S>(EVENT_ID0);",
+        "  WaitFlag<HardEvent::V_S>(EVENT_ID0);",
+        f"  const float fmQ = {c}.GetValue(0);  // max |x| / |y| over the tile, in [0, inf]",
+        "  int32_t fmSteps = 1;  // k = fmSteps - 1 .. 0",
+        "  for (float p = 1.0f; p <= fmQ && fmSteps < 278; p *= 2.0f) ++fmSteps;",
+        "  float fmS1 = 1.0f, fmS2 = 1.0f, fmS3 = 1.0f;  // 2^k = fmS1 * fmS2 * fmS3, each <= 2^127",
+        "  for (int32_t i = 1; i < fmSteps; ++i) {",
+        "    if (fmS1 < 1e38f) fmS1 *= 2.0f; else if (fmS2 < 1e38f) fmS2 *= 2.0f; else fmS3 *= 2.0f;",
+        "  }",
+        f"  LocalTensor<uint8_t> fmM = {mk}.ReinterpretCast<uint8_t>();",
+        "  for (int32_t k = 0; k < fmSteps; ++k) {",
+        f"    Muls({w}, {b}, fmS1, {n});",
+        f"    if (fmS2 > 1.0f) {{ PipeBarrier<PIPE_V>(); Muls({w}, {w}, fmS2, {n}); }}",
+        f"    if (fmS3 > 1.0f) {{ PipeBarrier<PIPE_V>(); Muls({w}, {w}, fmS3, {n}); }}",
+        "    PipeBarrier<PIPE_V>();",
+        f"    Compare(fmM, {r}, {w}, CMPMODE::GE, {n});",
+        "    PipeBarrier<PIPE_V>();",
+        f"    Sub({w}, {r}, {w}, {n});",
+        "    PipeBarrier<PIPE_V>();",
+        f"    Select({r}, fmM, {w}, {r}, {sel}, {n});",
+        "    PipeBarrier<PIPE_V>();",
+        "    if (fmS3 > 1.0f) fmS3 *= 0.5f; else if (fmS2 > 1.0f) fmS2 *= 0.5f; else fmS1 *= 0.5f;",
+        "  }",
+        "}"])
+    nan = (f"{{ LocalTensor<int32_t> i = {c}.ReinterpretCast<int32_t>(); "
+           f"Duplicate(i, (int32_t)(0x7fc00000), {n}); }}")
+    sign = (f"{{ LocalTensor<int32_t> i = {w}.ReinterpretCast<int32_t>(); "
+            f"Duplicate(i, (int32_t)(-2147483647 - 1), {n}); }}")
+    return [
+        # a = |x| (0 where x is inf or NaN), b = |y| (1 where TF's result is NaN: |y| < 2^-126
+        # or NaN): no NaN and no subnormal divisor in the loop
+        f"Abs({r}, {x}, {n});", _inf_into(c, n), m(f"Compare(m, {r}, {c}, CMPMODE::LT, {n});"),
+        f"Duplicate({c}, {lit(T, 0)}, {n});", m(f"Select({r}, m, {r}, {c}, {sel}, {n});"),
+        f"Abs({b}, {y}, {n});", f"Duplicate({c}, {lit(T, _FP32_MIN_NORMAL)}, {n});",
+        m(f"Compare(m, {b}, {c}, CMPMODE::GE, {n});"),
+        f"Duplicate({c}, {lit(T, 1)}, {n});", m(f"Select({b}, m, {b}, {c}, {sel}, {n});"),
+        f"Div({w}, {r}, {b}, {n});", f"ReduceMax({c}, {w}, {mk}, {n});",
+        loop,  # r = fmod(a, b) >= +0
+        # r gets x's sign; c = (+-1 with x's sign) * (+-1 with y's) * |r|: <= -2^-126 where r + y
+        sign, bits(f"And(v0, v1, v2, {n} * 2);", d, x, w),
+        f"Duplicate({c}, {lit(T, 1)}, {n});",
+        bits(f"Or(v0, v0, v1, {n} * 2);", c, d), bits(f"Or(v0, v0, v1, {n} * 2);", r, d),
+        bits(f"And(v0, v1, v2, {n} * 2);", d, y, w),
+        f"Duplicate({w}, {lit(T, 1)}, {n});", bits(f"Or(v0, v0, v1, {n} * 2);", w, d),
+        f"Mul({c}, {c}, {w}, {n});", f"Abs({w}, {r}, {n});", f"Mul({c}, {c}, {w}, {n});",
+        # w = r + y, flushed to a zero of its sign below 2^-126 (TF's FTZ)
+        f"Add({w}, {r}, {y}, {n});", f"Abs({b}, {w}, {n});",
+        f"Duplicate({d}, {lit(T, _FP32_MIN_NORMAL)}, {n});", m(f"Compare(m, {b}, {d}, CMPMODE::LT, {n});"),
+        f"Muls({b}, {w}, {lit(T, 0)}, {n});", m(f"Select({w}, m, {b}, {w}, {sel}, {n});"),
+        f"Duplicate({d}, {lit(T, -_FP32_MIN_NORMAL)}, {n});", m(f"Compare(m, {c}, {d}, CMPMODE::LE, {n});"),
+        m(f"Select({d}, m, {w}, {r}, {sel}, {n});"),
+        # NaN where x is inf or NaN, or |y| < 2^-126 (zero, or subnormal: TF's DAZ) or NaN
+        f"Abs({r}, {x}, {n});", _inf_into(w, n), m(f"Compare(m, {r}, {w}, CMPMODE::LT, {n});"),
+        nan, m(f"Select({d}, m, {d}, {c}, {sel}, {n});"),
+        f"Abs({r}, {y}, {n});", f"Duplicate({w}, {lit(T, _FP32_MIN_NORMAL)}, {n});",
+        m(f"Compare(m, {r}, {w}, CMPMODE::GE, {n});"), m(f"Select({d}, m, {d}, {c}, {sel}, {n});"),
+    ]
+
+
+_add("FloorMod", FLOAT, 5, ["Abs", "Duplicate", "Compare", "Select", "Div", "ReduceMax", "Muls", "Sub",
+                            "And", "Or", "Mul", "Add"], _floormod, tile_only=True)
 
 # Advanced math (the Ascend C math library): each takes a shared temp buffer (LocalTensor<uint8_t>)
 # of at least its maxLiveNodeCount * count * sizeof(float) bytes for fp32 (+ extra bytes), the
