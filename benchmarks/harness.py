@@ -436,9 +436,15 @@ def run_process(mode: str, names: list[str], round_index: int, opts, out_dir: st
         command.append("--quick")
     if opts.steps is not None:
         command += ["--steps", str(opts.steps)]
+    env = child_env(mode, REPO_ROOT, autofuse_flags)
+    if mode == "autofuse" and getattr(opts, "kernel_profile", None):
+        os.makedirs(opts.kernel_profile, exist_ok=True)
+        label = names[0] if len(names) == 1 else f"{names[0]}-and-{len(names) - 1}-more"
+        path = os.path.join(os.path.abspath(opts.kernel_profile), f"{label}.r{round_index}.csv")
+        env["AUTOFUSE_DFX_FLAGS"] = f"--kernel_profile={path}"
     started = time.monotonic()
     try:
-        proc = subprocess.run(command, env=child_env(mode, REPO_ROOT, autofuse_flags),
+        proc = subprocess.run(command, env=env,
                               capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
                               cwd=REPO_ROOT)
         stdout, failure = proc.stdout, crash_text(proc.returncode, proc.stderr)

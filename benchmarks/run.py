@@ -65,6 +65,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"AUTOFUSE_FLAGS of the autofuse mode (default "
                              f"{harness.AUTOFUSE_FLAGS_WANTED!r}; falls back to "
                              f"{harness.AUTOFUSE_FLAGS_FALLBACK!r} if rejected)")
+    parser.add_argument("--kernel-profile", metavar="DIR",
+                        help="autofuse processes write AUTOFUSE_DFX_FLAGS=--kernel_profile CSVs "
+                             "into DIR, one per process (<workloads>.r<round>.csv): what bounds "
+                             "each fused kernel (the timing slows the kernels: not for timings)")
     parser.add_argument("--json", metavar="OUT.json", help="write every cell and the summary")
     parser.add_argument("--plot", metavar="OUT.png",
                         help="bar chart of the speed-ups over TF default (needs matplotlib)")

@@ -59,7 +59,7 @@ using ::tensorflow::shape_inference::ShapeHandle;
 // and lose below (abs on 300K, abs->relu->exp on 100K: the wake-up takes ~30-40 us).
 constexpr int64_t kInlineCost = 2'000'000;
 // The cost units are rough (an erfc costs 4 or 40 adds depending on the machine), so each kernel
-// also times its inline runs: once one run has shown what a unit costs here, a run whose
+// also times its inline runs: once two runs have shown what a unit costs here, a run whose
 // predicted single-threaded time passes kParallelNs goes to the pool (two threads save half of
 // it, less the wake-up), whatever its estimated cost. Runs below kTimedCost are not timed (too
 // short to measure).
@@ -465,7 +465,10 @@ class AutofuseKernelOp : public OpKernel {
     const int64_t cost = interpreter_->TotalCost(run);
     bool inline_run = num_items == 1 || workers == nullptr || workers->NumThreads() <= 1;
     if (!inline_run) {
-      const double ns_per_cost = ns_per_cost_.load(std::memory_order_relaxed);
+      // one timed run is not enough: the first one also faults in the thread's scratch
+      const double ns_per_cost = timed_runs_.load(std::memory_order_relaxed) >= 2
+                                     ? ns_per_cost_.load(std::memory_order_relaxed)
+                                     : 0;
       inline_run = ns_per_cost > 0 ? cost * ns_per_cost < kParallelNs : cost < kInlineCost;
     }
     if (inline_run) {
@@ -480,6 +483,7 @@ class AutofuseKernelOp : public OpKernel {
         while ((seen == 0 || rate < seen) &&
                !ns_per_cost_.compare_exchange_weak(seen, rate, std::memory_order_relaxed)) {
         }
+        timed_runs_.fetch_add(1, std::memory_order_relaxed);
       }
       return;
     }
@@ -521,6 +525,7 @@ class AutofuseKernelOp : public OpKernel {
   int32_t npu_device_ = 0;
   std::atomic<bool> npu_failed_{false};
   std::atomic<double> ns_per_cost_{0};  // fastest timed inline run, ns per cost unit; 0: none yet
+  std::atomic<int> timed_runs_{0};
   KernelProfile* profile_ = nullptr;    // --kernel_profile, else null
 };
 
