@@ -28,11 +28,11 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run(tmp_path, dfx):
+def run(tmp_path, dfx, script=SCRIPT):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                AUTOFUSE_FLAGS="--enable_autofuse=true;--autofuse_enable_pass=reduce",
                AUTOFUSE_DFX_FLAGS=dfx, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=tmp_path,
+    return subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -68,3 +68,34 @@ def test_profile_off_writes_nothing(tmp_path):
 def test_empty_path_is_a_flag_error(tmp_path):
     done = run(tmp_path, "--kernel_profile=")
     assert done.returncode != 0 and "--kernel_profile" in done.stderr
+
+
+SOFTMAX = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    import tf_autofuse
+    tf1 = tf.compat.v1
+    tf_autofuse.compat.enable_v1()
+    x = tf1.placeholder(tf.float32, [64, {width}], name="x")
+    e = tf.exp(x - tf.reduce_max(x, axis=1, keepdims=True))
+    y = tf.identity(e / tf.reduce_sum(e, axis=1, keepdims=True), name="y")
+    v = np.random.default_rng(0).normal(size=(64, {width})).astype(np.float32)
+    with tf1.Session() as sess:
+        for _ in range(3):
+            out = sess.run(y, {{x: v}})
+    ref = np.exp(v - v.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, ref / ref.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+""")
+
+
+@pytest.mark.parametrize("width,exps", [(256, 1), (8192, 2)])
+def test_softmax_over_short_rows_evaluates_exp_once(tmp_path, width, exps):
+    """Rows of a quarter tile or less run several to a tile, every pass over the same tile: the
+    exp(x - max) that the sum and the division both need is computed once, in the sum's pass, and
+    kept. Rows longer than a tile span tiles, and the division's pass computes it again."""
+    done = run(tmp_path, "--kernel_profile=kp.csv", SOFTMAX.format(width=width))
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = [r for r in csv.DictReader((tmp_path / "kp.csv").open()) if r["step"] != "call"]
+    exp = [r for r in steps if r["what"].startswith("Exp ")]
+    assert len(exp) == exps, [r["what"] for r in steps]
+    assert all(int(r["elements"]) == 3 * 64 * width for r in exp)
