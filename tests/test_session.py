@@ -258,3 +258,28 @@ def test_clip_by_value_is_tensorflows_when_lo_exceeds_hi_or_a_bound_is_nan(dtype
         np.testing.assert_array_equal(got, want)  # all exact ops: the same bits
     want_z = np.array([2] * 7 + [nan if dtype.is_floating else 2] + [2, 2], np_dtype)
     np.testing.assert_array_equal(unfused[1], want_z)  # lo (-2) wins over hi (-5); NaN stays
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16])
+def test_clip_by_value_keeps_the_sign_of_a_zero_like_tensorflow(dtype):
+    """Regression (found by scripts/fuzz_long.py --seed 20261205, graph 2724): a zero bound was
+    lowered to Minimum/Maximum, whose zero result may have either sign; TensorFlow's std::min /
+    std::max keep x: clip(-0.0, lo, 0.0) is -0.0, and 1 / it is -inf, not inf."""
+    np_dtype = dtype.as_numpy_dtype
+    x = np.array([-0.0, 0.0, -0.0, 1.0, -2.0, 0.0, -0.0, 3.0], np_dtype)
+
+    def build():
+        xs = [tf1.placeholder(dtype, [8], name="x")]
+        a = tf.raw_ops.ClipByValue(t=xs[0], clip_value_min=xs[0], clip_value_max=tf.constant(0.0, dtype))
+        b = tf.raw_ops.ClipByValue(t=-xs[0], clip_value_min=tf.constant(0.0, dtype),
+                                   clip_value_max=tf.constant(5.0, dtype))
+        return [tf.math.reciprocal(a), tf.math.reciprocal(b)], xs
+
+    def feeds(xs):
+        return {xs[0]: x}
+    fused, executed = run(build, feeds)
+    unfused, _ = run(build, feeds, fuse=False)
+    assert fused_kernels(executed) and "ClipByValue" not in executed.values()
+    for got, want in zip(fused, unfused):
+        np.testing.assert_array_equal(got, want)
+    assert np.isneginf(unfused[0][0]) and np.isposinf(unfused[0][1])  # the sign survived

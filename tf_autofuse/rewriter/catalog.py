@@ -359,14 +359,16 @@ def _is_immediate(operand) -> bool:
 
 def _emit_clip(em, node, operands, axes):
     # TensorFlow's ClipByValue is max(min(x, hi), lo) of std::min / std::max: lo wins where
-    # lo > hi, and a NaN bound is ignored (a NaN x stays NaN). Minimum and Maximum (NaN if either
-    # operand is) say the same for int32 and for an immediate (finite) bound; a tensor bound,
-    # which may hold NaN, takes std::min's own comparison: min(v, hi) = hi < v ? hi : v.
+    # lo > hi, a NaN bound is ignored (a NaN x stays NaN), and of two equal values the first is
+    # kept (clip(-0.0, -0.0, 0.0) is -0.0: 1 / it is -inf). Minimum and Maximum (NaN if either
+    # operand is; the sign of a zero result unspecified) say the same for int32 and for a finite
+    # non-zero immediate bound; a tensor bound, which may hold NaN, and a zero bound take
+    # std::min's own comparison: min(v, hi) = hi < v ? hi : v.
     x, low, high = operands
     exact = node.attr["T"].type == types_pb2.DT_INT32 if "T" in node.attr else False
 
     def clamp(value, bound, ir_op, bound_wins):
-        if exact or _is_immediate(bound):
+        if exact or (_is_immediate(bound) and bound != 0):
             return em(ir_op, [value, bound])
         return em("Select", [em("Less", bound_wins(value, bound)), bound, value])
 
