@@ -71,6 +71,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -295,14 +296,13 @@ struct Pass {
   // row and are expanded into slots (kExpandReduced) before full instructions read them.
   bool rows = false;
   bool keep = false;  // row-group mode: values several passes need are kept (PlanKeptValues)
-  // Where the pass runs among the full passes of an item: accumulate level p is p - 1, the
-  // final pass is the number of levels.
-  int order() const { return kind == Kind::kFinal ? -1 : level - 1; }
 };
 
-// The full values a full pass computes when nothing is kept between passes: those its roots
-// (full outputs, or the operands of this level's reductions) depend on through full values.
-std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int level) {
+// The full values a full pass computes or reads: those its roots (full outputs, or the operands
+// of this level's reductions) depend on through full values, not looking past a value for which
+// `stop` (null: none) is true.
+std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int level,
+                                   const std::function<bool(int)>& stop = nullptr) {
   const int n = static_cast<int>(program.instructions.size());
   std::vector<bool> needed(n, false);
   auto mark = [&](const Operand& x) {
@@ -318,7 +318,7 @@ std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int 
     }
   }
   for (int i = n - 1; i >= 0; --i) {
-    if (!needed[i]) continue;
+    if (!needed[i] || (stop && stop(i))) continue;
     const Instruction& inst = program.instructions[i];
     for (int k = 0; k < inst.num_operands; ++k) mark(inst.operands[k]);
   }
@@ -328,8 +328,9 @@ std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int 
 // Row-group mode runs every pass of an item over the same tile of whole rows, so a full value
 // that several passes need is computed once, by the first, into a kept buffer that the later ones
 // read (softmax's exp(x - max) for the sum and then for the division; a layer norm's x + bias for
-// the mean, the variance and the output). Per instruction: its kept buffer or -1, and the order
-// of the first pass computing it.
+// the mean, the variance and the output). Per instruction: its kept buffer or -1, and the first
+// pass computing it, in the order the full passes of an item run: accumulate level p is p - 1,
+// the final pass is the number of levels.
 struct KeptValues {
   std::vector<int> index;
   std::vector<int> first_pass;
@@ -414,38 +415,16 @@ class Planner {
     return loc;
   }
 
-  // The full values this pass computes or reads: those its roots (full outputs, or the operands of
-  // this level's reductions) depend on through full values, stopping at values kept from an
-  // earlier pass.
+  // The full values this pass computes, or reads from a kept buffer.
   std::vector<bool> NeededFullValues() const {
-    const int n = static_cast<int>(program_.instructions.size());
-    std::vector<bool> needed(n, false);
-    auto mark = [&](const Operand& x) {
-      if (x.kind == Operand::Kind::kValue && !program_.instructions[x.index].reduced) {
-        needed[x.index] = true;
-      }
-    };
-    if (pass_.kind == Pass::Kind::kFinal) {
-      for (const Output& out : program_.outputs) mark(out.operand);
-    } else {
-      for (const Instruction& inst : program_.instructions) {
-        if (IsReduction(inst.op) && !inst.of_reduced && inst.level == pass_.level) {
-          mark(inst.operands[0]);
-        }
-      }
-    }
-    for (int i = n - 1; i >= 0; --i) {
-      if (!needed[i] || KeptFromEarlier(i)) continue;
-      const Instruction& inst = program_.instructions[i];
-      for (int k = 0; k < inst.num_operands; ++k) mark(inst.operands[k]);
-    }
-    return needed;
+    return FullValuesOfPass(program_, pass_.kind, pass_.level,
+                            [this](int i) { return KeptFromEarlier(i); });
   }
 
   // Row-group mode: value i is in its kept buffer, computed by an earlier pass of this item.
   bool KeptFromEarlier(int i) const {
     if (kept_ == nullptr || kept_->index[i] < 0) return false;
-    const int order = pass_.kind == Pass::Kind::kFinal ? program_.num_levels : pass_.order();
+    const int order = pass_.kind == Pass::Kind::kFinal ? program_.num_levels : pass_.level - 1;
     return kept_->first_pass[i] < order;
   }
 

@@ -483,7 +483,9 @@ class AutofuseKernelOp : public OpKernel {
         while ((seen == 0 || rate < seen) &&
                !ns_per_cost_.compare_exchange_weak(seen, rate, std::memory_order_relaxed)) {
         }
-        timed_runs_.fetch_add(1, std::memory_order_relaxed);
+        if (timed_runs_.load(std::memory_order_relaxed) < 2) {
+          timed_runs_.fetch_add(1, std::memory_order_relaxed);
+        }
       }
       return;
     }
@@ -525,7 +527,7 @@ class AutofuseKernelOp : public OpKernel {
   int32_t npu_device_ = 0;
   std::atomic<bool> npu_failed_{false};
   std::atomic<double> ns_per_cost_{0};  // fastest timed inline run, ns per cost unit; 0: none yet
-  std::atomic<int> timed_runs_{0};
+  std::atomic<int> timed_runs_{0};     // timed inline runs, counted up to 2
   KernelProfile* profile_ = nullptr;    // --kernel_profile, else null
 };
 
