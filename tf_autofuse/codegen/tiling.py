@@ -277,58 +277,26 @@ def cpp_column_function(kernel: str, struct: str, max_tile: int, rows: bool = Fa
     """`int KERNEL_tiling(outer, mid, inner, core_num, tile_override, out)`. rows: the 3-level
     broadcast (items are chunks of the outer x mid rows of length inner)."""
     if rows:
-        return f"""\
-static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
-static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
-
+        comment = f"""\
 // The iteration shape as [outer, mid, inner]; tiles are chunks of one of the outer x mid rows (the
 // tile: the UB maximum, or the row rounded up to {ALIGN_ELEMS}), dealt to at most core_num blocks in
 // equal runs. tile_override != 0 forces the tile (tests).
-extern "C" int {kernel}_tiling(uint64_t outer, uint64_t mid, uint64_t inner, uint32_t core_num,
-                               uint32_t tile_override, {struct}* t) {{
-  const uint64_t align = {kernel}_ALIGN;
-  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
-  t->outer = outer;
-  t->mid = mid;
-  t->inner = inner;
-  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
-  t->blockDim = 0;
-  t->tileLength = static_cast<uint32_t>(max_tile);
-  if (core_num == 0) return 1;
+"""
+        split = """\
   if (outer == 0 || mid == 0 || inner == 0) return 0;
   uint64_t row = (inner + align - 1) / align * align;
   uint64_t tile = max_tile < row ? max_tile : row;
   uint64_t per_row = (inner + tile - 1) / tile;
   uint64_t total = outer * mid * per_row;
-  uint64_t block_dim = total < core_num ? total : core_num;
-  uint64_t per_block = (total + block_dim - 1) / block_dim;
-  t->tileLength = static_cast<uint32_t>(tile);
-  t->tilesPerRow = per_row;
-  t->totalTiles = total;
-  t->tilesPerBlock = per_block;
-  t->blockDim = static_cast<uint32_t>((total + per_block - 1) / per_block);
-  return 0;
-}}
 """
-    return f"""\
-static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
-static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
-
+    else:
+        comment = f"""\
 // The iteration shape as [outer, mid, inner], mid reduced. Work items are {ALIGN_ELEMS}-aligned
 // chunks of the inner axis (at most the UB tile, smaller when that gives every core an item), per
 // outer index; each walks the mid axis accumulating element-wise. The outer x tilesPerRow items are dealt to at most core_num blocks in equal runs.
 // Returns 2 (the CPU path) for an empty reduction, 0 otherwise; tile_override != 0 forces the tile.
-extern "C" int {kernel}_tiling(uint64_t outer, uint64_t mid, uint64_t inner, uint32_t core_num,
-                               uint32_t tile_override, {struct}* t) {{
-  const uint64_t align = {kernel}_ALIGN;
-  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
-  t->outer = outer;
-  t->mid = mid;
-  t->inner = inner;
-  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
-  t->blockDim = 0;
-  t->tileLength = static_cast<uint32_t>(max_tile);
-  if (core_num == 0) return 1;
+"""
+        split = """\
   if (outer == 0 || inner == 0) return 0;
   if (mid == 0) return 2;  // an empty reduction gives identities: the CPU path
   uint64_t want = (core_num + outer - 1) / outer;  // chunks a row so that every core gets an item
@@ -336,7 +304,23 @@ extern "C" int {kernel}_tiling(uint64_t outer, uint64_t mid, uint64_t inner, uin
   uint64_t tile = max_tile < chunk ? max_tile : chunk;
   uint64_t per_row = (inner + tile - 1) / tile;
   uint64_t total = outer * per_row;
-  uint64_t block_dim = total < core_num ? total : core_num;
+"""
+    return f"""\
+static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
+static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
+
+{comment}extern "C" int {kernel}_tiling(uint64_t outer, uint64_t mid, uint64_t inner, uint32_t core_num,
+                               uint32_t tile_override, {struct}* t) {{
+  const uint64_t align = {kernel}_ALIGN;
+  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
+  t->outer = outer;
+  t->mid = mid;
+  t->inner = inner;
+  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
+  t->blockDim = 0;
+  t->tileLength = static_cast<uint32_t>(max_tile);
+  if (core_num == 0) return 1;
+{split}  uint64_t block_dim = total < core_num ? total : core_num;
   uint64_t per_block = (total + block_dim - 1) / block_dim;
   t->tileLength = static_cast<uint32_t>(tile);
   t->tilesPerRow = per_row;

@@ -516,6 +516,15 @@ void Unary(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t n, cons
   for (int32_t i = 0; i < n; ++i) d[i] = T(f(static_cast<Wide<T>>(tmp[i])));
   Done(dst, n);
 }
+// dst[i] = f(src[i]) between element types (the Cast family); src is read before dst is written.
+template <typename D, typename S, typename F>
+void Convert(const LocalTensor<D>& dst, const LocalTensor<S>& src, int32_t n, F f) {
+  Read(src, n, "Cast");
+  std::vector<S> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
+  D* d = Write(dst, n, "Cast");
+  for (int32_t i = 0; i < n; ++i) d[i] = f(tmp[i]);
+  Done(dst, n);
+}
 template <typename T, typename F>
 void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, int32_t n,
             const char* api, F f) {
@@ -701,22 +710,12 @@ inline int32_t TwinRound(float x, RoundMode mode) {
 inline void Cast(LocalTensor<int32_t>& dst, const LocalTensor<float>& src, const RoundMode& mode,
                  const uint32_t count) {
   if (mode == RoundMode::CAST_NONE || mode == RoundMode::CAST_ODD) twin::Fail("Cast float->int32 needs a rounding mode");
-  int32_t n = static_cast<int32_t>(count);
-  detail::Read(src, n, "Cast");
-  std::vector<float> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
-  int32_t* d = detail::Write(dst, n, "Cast");
-  for (int32_t i = 0; i < n; ++i) d[i] = TwinRound(tmp[i], mode);
-  detail::Done(dst, n);
+  detail::Convert(dst, src, static_cast<int32_t>(count), [&](auto v) { return TwinRound(v, mode); });
 }
 inline void Cast(LocalTensor<float>& dst, const LocalTensor<int32_t>& src, const RoundMode& mode,
                  const uint32_t count) {
   if (mode != RoundMode::CAST_NONE) twin::Fail("Cast int32->float: the twin models CAST_NONE only");
-  int32_t n = static_cast<int32_t>(count);
-  detail::Read(src, n, "Cast");
-  std::vector<int32_t> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
-  float* d = detail::Write(dst, n, "Cast");
-  for (int32_t i = 0; i < n; ++i) d[i] = static_cast<float>(tmp[i]);
-  detail::Done(dst, n);
+  detail::Convert(dst, src, static_cast<int32_t>(count), [&](auto v) { return static_cast<float>(v); });
 }
 
 template <typename D, typename S>
@@ -727,12 +726,7 @@ void Cast(LocalTensor<D>& dst, const LocalTensor<S>& src, const RoundMode& mode,
   if (up && mode != RoundMode::CAST_NONE) twin::Fail("Cast: a widening cast takes CAST_NONE");
   if (down && mode != RoundMode::CAST_RINT && mode != RoundMode::CAST_NONE)
     twin::Fail("Cast: the twin models round-to-nearest-even narrowing only");
-  int32_t n = static_cast<int32_t>(count);
-  detail::Read(src, n, "Cast");
-  std::vector<S> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
-  D* d = detail::Write(dst, n, "Cast");
-  for (int32_t i = 0; i < n; ++i) d[i] = D(static_cast<float>(tmp[i]));
-  detail::Done(dst, n);
+  detail::Convert(dst, src, static_cast<int32_t>(count), [&](auto v) { return D(static_cast<float>(v)); });
 }
 
 // ---- ops added for opmap coverage ----
@@ -758,24 +752,14 @@ inline void Compare(LocalTensor<uint8_t>& dst, const LocalTensor<int32_t>& a, co
 // [0, 255]). There is no direct uint8 <-> float conversion.
 inline void Cast(LocalTensor<half>& dst, const LocalTensor<uint8_t>& src, const RoundMode& mode, const uint32_t count) {
   if (mode != RoundMode::CAST_NONE) twin::Fail("Cast uint8->half takes CAST_NONE");
-  int32_t n = static_cast<int32_t>(count);
-  detail::Read(src, n, "Cast");
-  std::vector<uint8_t> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
-  half* d = detail::Write(dst, n, "Cast");
-  for (int32_t i = 0; i < n; ++i) d[i] = half(static_cast<float>(tmp[i]));
-  detail::Done(dst, n);
+  detail::Convert(dst, src, static_cast<int32_t>(count), [&](auto v) { return half(static_cast<float>(v)); });
 }
 inline void Cast(LocalTensor<uint8_t>& dst, const LocalTensor<half>& src, const RoundMode& mode, const uint32_t count) {
   if (mode == RoundMode::CAST_NONE || mode == RoundMode::CAST_ODD) twin::Fail("Cast half->uint8 needs a rounding mode");
-  int32_t n = static_cast<int32_t>(count);
-  detail::Read(src, n, "Cast");
-  std::vector<half> tmp(src.Data(n, "Cast"), src.Data(n, "Cast") + n);
-  uint8_t* d = detail::Write(dst, n, "Cast");
-  for (int32_t i = 0; i < n; ++i) {
-    int32_t r = TwinRound(static_cast<float>(tmp[i]), mode);
-    d[i] = static_cast<uint8_t>(r < 0 ? 0 : r > 255 ? 255 : r);
-  }
-  detail::Done(dst, n);
+  detail::Convert(dst, src, static_cast<int32_t>(count), [&](half v) {
+    const int32_t r = TwinRound(static_cast<float>(v), mode);
+    return static_cast<uint8_t>(r < 0 ? 0 : r > 255 ? 255 : r);
+  });
 }
 
 // Advanced math: dst = f(src) with a caller-provided shared temp buffer. The generator reserves
