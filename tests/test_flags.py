@@ -65,6 +65,16 @@ def test_parameter_map_overrides():
         base.with_overrides({"nope": "1"}, "params")
 
 
+def test_process_wide_flags_are_refused_per_graph():
+    assert read("--output_cache_mb=0", "").output_cache_mb == 0
+    assert Flags().output_cache_mb == 1024
+    for key, value in (("output_cache_mb", "0"), ("kernel_profile", "kp.csv")):
+        with pytest.raises(FlagError, match=f"--{key} is process-wide"):
+            Flags().with_overrides({key: value}, "params")
+    with pytest.raises(FlagError, match="--output_cache_mb"):
+        read("--output_cache_mb=-1", "")
+
+
 def test_bad_flag_stops_the_import_naming_the_key():
     env = {"AUTOFUSE_FLAGS": "--enable_autofuse=perhaps", "PATH": "/usr/bin:/bin",
            "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -39,6 +39,7 @@ def _initialise() -> bool:
     except BuildError as err:
         warn_once(f"the kernel library is not available, nothing will be fused: {err}")
         return False
+    _native.set_output_cache(process_flags.output_cache_mb)
     if process_flags.kernel_profile:
         _native.set_kernel_profile(process_flags.kernel_profile)
     if process_flags.enable_autofuse:

@@ -58,6 +58,22 @@ def set_kernel_profile(path: str) -> None:
     _cdll.autofuse_set_kernel_profile(os.path.abspath(path).encode())
 
 
+def set_output_cache(megabytes: int) -> None:
+    """AUTOFUSE_FLAGS=--output_cache_mb=N: the most MiB of idle output blocks the kernels keep
+    for reuse; 0 turns the cache off (cc/output_cache.h)."""
+    load()
+    _cdll.autofuse_set_output_cache(ctypes.c_int64(megabytes << 20))
+
+
+def output_cache_stats() -> dict:
+    """The output cache's counters: outputs that reused an idle block (hits), new blocks
+    (misses), and the idle bytes and blocks it holds now."""
+    load()
+    out = (ctypes.c_int64 * 4)()
+    _cdll.autofuse_output_cache_stats(out)
+    return {"hits": out[0], "misses": out[1], "idle_bytes": out[2], "idle_blocks": out[3]}
+
+
 def register_cpu_plugin() -> str:
     """Register the bridge as the CPU plugin optimizer.
 

@@ -180,6 +180,11 @@ _SPECS: dict[str, _Spec] = {
         DFX_FLAGS_ENV, _parse_path, "a file path", None,
         "time every step of every fused kernel built afterwards and write a CSV there at "
         "process exit (process-wide, read at import)"),
+    "output_cache_mb": _Spec(
+        FLAGS_ENV, _parse_count, "an integer >= 0 (MiB)", 1024,
+        "most MiB of freed fused-kernel outputs (each of 4 MiB or more) kept for reuse by the "
+        "next step's outputs, which then skip the OS zero-filling new pages; 0 turns the cache "
+        "off (process-wide, read at import)"),
     "skip_node_names_cfg": _Spec(
         DFX_FLAGS_ENV, _parse_path, "the path of an ini file with [ByNodeName] and "
         "[ByNodeType] sections", None,
@@ -191,6 +196,10 @@ _SPECS: dict[str, _Spec] = {
         "ops whose 16-bit inputs the generated NPU kernels do not cast to fp32 (f16 computed "
         "in half); the CPU kernel is unaffected"),
 }
+
+
+# Keys read once, at import, for the whole process (the kernel library's state).
+PROCESS_WIDE = frozenset({"kernel_profile", "output_cache_mb"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,12 +216,16 @@ class Flags:
     kernel_profile: Optional[str] = None
     autofuse_enhance_precision_blacklist: frozenset = frozenset()
     cost_model: str = "none"
+    output_cache_mb: int = 1024
 
     def with_overrides(self, overrides: Mapping[str, str], source: str) -> "Flags":
         """Flags with `overrides` (key -> text value, as a ConfigProto parameter_map gives them)."""
         values = {}
         for key, text in overrides.items():
             spec = _spec_for(key, source)
+            if key in PROCESS_WIDE:
+                raise FlagError(f"{source}: --{key} is process-wide, not per graph: set it in "
+                                f"{spec.env} before importing tf_autofuse")
             values[key] = _finish(key, _parse_value(key, text, spec, source), source)
         _check_passes(values.get("autofuse_enable_pass", self.autofuse_enable_pass),
                       values.get("autofuse_disable_pass", self.autofuse_disable_pass), source)

@@ -31,6 +31,7 @@
 #include "interpreter.h"
 #include "kernel_profile.h"
 #include "npu_dispatch.h"  // tf_autofuse/codegen/host (-I added by _build.py)
+#include "output_cache.h"
 #include "program.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -446,11 +447,11 @@ class AutofuseKernelOp : public OpKernel {
         }
       }
       Tensor* output = nullptr;
-      int forwarded = -1;
-      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(candidates, k, shape, &output,
-                                                                &forwarded));
+      for (int j : candidates) {
+        if (ctx->forward_input_to_output_with_shape(j, k, shape, &output)) break;
+      }
+      if (output == nullptr) OP_REQUIRES_OK(ctx, AllocateOutput(ctx, k, shape, &output));
       io.outputs[k] = const_cast<char*>(output->tensor_data().data());
-      if (forwarded < 0) AdviseHugePages(io.outputs[k], output->TotalBytes());
     }
 
     if (try_npu && RunOnNpu(ctx, run, io)) return;
@@ -494,6 +495,25 @@ class AutofuseKernelOp : public OpKernel {
         tensorflow::thread::ThreadPool::SchedulingParams::Adaptive(
             interpreter_->CostPerItem(run)),
         [&](int64_t first, int64_t last) { interpreter_->RunItems(run, io, first, last); });
+  }
+
+  // A new output tensor: a large one from the output cache (output_cache.h), which reuses the
+  // blocks of earlier steps' outputs, the others from TensorFlow's allocator.
+  absl::Status AllocateOutput(OpKernelContext* ctx, int k, const TensorShape& shape,
+                              Tensor** output) {
+    const DataType dtype = ctx->expected_output_dtype(k);
+    const int64_t bytes = shape.num_elements() * tensorflow::DataTypeSize(dtype);
+    if (tensorflow::Allocator* cache = OutputCacheFor(bytes)) {
+      Tensor cached(cache, dtype, shape);
+      if (cached.IsInitialized()) {  // else out of memory there: TensorFlow's allocator decides
+        ctx->set_output(k, cached);
+        *output = ctx->mutable_output(k);
+        return absl::OkStatus();
+      }
+    }
+    TF_RETURN_IF_ERROR(ctx->allocate_output(k, shape, output));
+    AdviseHugePages(const_cast<char*>((*output)->tensor_data().data()), (*output)->TotalBytes());
+    return absl::OkStatus();
   }
 
   // The NPU path: the launcher copies the host buffers to the device and the results back.
