@@ -137,6 +137,9 @@ class GraphView:
         self.order, self._cyclic = self._topological_order()
         self.position = {name: i for i, name in enumerate(self.order)}
         self._shapes = self._static_shapes(shapes or {})
+        # Derived facts other modules compute once per graph (lower.py's per-node lowering
+        # facts): the partitioner lowers each node once per trial merge that includes it.
+        self.memo: dict = {}
 
     # --- names and edges -------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import AbstractSet, Callable, Mapping, Optional
+from typing import AbstractSet, Callable, Mapping, NamedTuple, Optional
 
 from tensorflow.core.framework import types_pb2
 
@@ -88,6 +88,85 @@ def scalar_immediate(view: GraphView, tensor: Tensor, dtype: Optional[int],
     return number if math.isfinite(number) else None
 
 
+class _NodeFacts(NamedTuple):
+    """What lowering a member reads from its node alone, whatever the group."""
+
+    node: object  # the NodeDef
+    ops: list  # compute_ops
+    entry: Optional[catalog.TfOp]  # None for a composition
+    inputs: list  # data inputs (Tensor)
+    n: int  # data operands
+    dtypes: list  # dtype of each operand
+    compute: Optional[int]  # the compute dtype
+    data_positions: list  # operands of the compute dtype ([0] when none)
+
+
+def _node_facts(view: GraphView, name: str) -> _NodeFacts:
+    """The member's _NodeFacts, or Unfusible; computed once per graph (view.memo): the
+    partitioner lowers a node again in every trial merge of a group holding it."""
+    memo = view.memo.setdefault("lower.facts", {})
+    facts = memo.get(name)
+    if facts is None:
+        try:
+            facts = _compute_node_facts(view, name)
+        except Unfusible as err:
+            facts = err
+        memo[name] = facts
+    if isinstance(facts, Unfusible):
+        raise Unfusible(str(facts))
+    return facts
+
+
+def _compute_node_facts(view: GraphView, name: str) -> _NodeFacts:
+    node = view.node(name)
+    ops = compute_ops(view, name)
+    if not ops:
+        raise Unfusible(f"{name}: {node.op} is not supported")
+    entry = catalog.tf_op(ops[0]) if node.op != catalog.COMPOSITION_OP else None
+    inputs = view.data_inputs(name)
+    n = entry.data_operands(node, len(inputs)) if entry is not None else 1
+    if len(inputs) < n or n == 0:
+        raise Unfusible(f"{name}: {node.op} has {len(inputs)} data input(s)")
+    if entry is not None:
+        dtypes = entry.dtypes_of_operands(node, n)
+        compute = entry.compute_dtype(node)
+    else:
+        compute = view.dtype(name)
+        dtypes = [compute]
+    data_positions = [i for i, d in enumerate(dtypes) if d == compute] or [0]
+    return _NodeFacts(node, ops, entry, inputs, n, dtypes, compute, data_positions)
+
+
+_NOT_IMMEDIATE = object()
+
+
+def _immediate(view: GraphView, tensor: Tensor, dtype, feeds: AbstractSet[str]):
+    """scalar_immediate, computed once per graph and feeds (view.memo)."""
+    memo = view.memo.setdefault(("lower.immediates", frozenset(feeds)), {})
+    key = (tensor, dtype)
+    value = memo.get(key, _NOT_IMMEDIATE)
+    if value is _NOT_IMMEDIATE:
+        value = memo[key] = scalar_immediate(view, tensor, dtype, feeds)
+    return value
+
+
+def _broadcast(view: GraphView, shapes) -> tuple:
+    """catalog.broadcast_shapes of known-rank shapes, once per graph and list of shapes
+    (view.memo): trial merges broadcast the same operand shapes again and again."""
+    memo = view.memo.setdefault("lower.broadcast", {})
+    key = tuple(shapes)
+    result = memo.get(key)
+    if result is None:
+        try:
+            result = catalog.broadcast_shapes(shapes)
+        except catalog.Unsupported as err:
+            result = err
+        memo[key] = result
+    if isinstance(result, catalog.Unsupported):
+        raise catalog.Unsupported(str(result))
+    return result
+
+
 @dataclasses.dataclass
 class _Value:
     shape: Optional[tuple]  # TF shape with symbols; None: unknown rank
@@ -151,21 +230,7 @@ def build(
     plans = []  # (name, entry or None, op types, operands [(kind, x, shape, dtype)], axes, keep)
     outside_tensors = set()
     for name in members:
-        node = view.node(name)
-        ops = compute_ops(view, name)
-        if not ops:
-            raise Unfusible(f"{name}: {node.op} is not supported")
-        entry = catalog.tf_op(ops[0]) if node.op != catalog.COMPOSITION_OP else None
-        inputs = view.data_inputs(name)
-        n = entry.data_operands(node, len(inputs)) if entry is not None else 1
-        if len(inputs) < n or n == 0:
-            raise Unfusible(f"{name}: {node.op} has {len(inputs)} data input(s)")
-        if entry is not None:
-            dtypes = entry.dtypes_of_operands(node, n)
-            compute = entry.compute_dtype(node)
-        else:
-            compute = view.dtype(name)
-            dtypes = [compute]
+        node, ops, entry, inputs, n, dtypes, compute, data_positions = _node_facts(view, name)
         operands = []
         for tensor, dtype in zip(inputs[:n], dtypes):
             if tensor[0] in member_set:
@@ -173,13 +238,12 @@ def build(
                     raise Unfusible(f"{name} reads output {tensor[1]} of member {tensor[0]}")
                 operands.append(("val", tensor[0], values[tensor[0]].shape, dtype))
                 continue
-            immediate = scalar_immediate(view, tensor, dtype, feeds)
+            immediate = _immediate(view, tensor, dtype, feeds)
             if immediate is not None:
                 operands.append(("imm", immediate, (), dtype))
             else:
                 operands.append(("in", tensor, input_shape(tensor), dtype))
         # an instruction needs a value operand that gives its dtype: make a Const an input
-        data_positions = [i for i, d in enumerate(dtypes) if d == compute] or [0]
         if all(operands[i][0] == "imm" for i in data_positions):
             i = data_positions[0]
             tensor = inputs[i]
@@ -211,7 +275,7 @@ def build(
             shape = catalog.reduced_shape(shapes[0], axes, keep)
         else:
             try:
-                shape = catalog.broadcast_shapes(shapes)
+                shape = _broadcast(view, shapes)
             except catalog.Unsupported:
                 raise Unfusible(f"{name}: {_not_broadcast(shapes)}") from None
         values[name] = _Value(shape)
@@ -278,7 +342,7 @@ def build(
         if not views:
             raise Unfusible("the group reads no tensor")
         try:
-            iteration = catalog.broadcast_shapes(views)
+            iteration = _broadcast(view, views)
         except catalog.Unsupported:
             raise Unfusible(
                 "inputs " + " and ".join(_fmt(v) for v in views) + " not known to broadcast"
