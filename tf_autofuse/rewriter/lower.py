@@ -189,55 +189,77 @@ def _fmt(shape) -> str:
     return format_shape(_shown(shape))
 
 
-def build(
-    view: GraphView,
-    members: list,
-    preserve: AbstractSet[str] = frozenset(),
-    private: AbstractSet[str] = frozenset(),
-    served: Optional[Mapping[str, AbstractSet[str]]] = None,
-    absorbable: Optional[Callable[[str, AbstractSet[str]], bool]] = None,
-    feeds: AbstractSet[str] = frozenset(),
-) -> Lowered:
-    """Lower `members` (topological order) into one program, or raise Unfusible.
+def _symbolic(shape: Optional[tuple], next_symbol: list) -> Optional[tuple]:
+    """`shape` with each unknown size (-1) replaced by a fresh symbol (next_symbol[0], ...)."""
+    if shape is None:
+        return None
+    dims = []
+    for d in shape:
+        if d == -1:
+            dims.append(next_symbol[0])
+            next_symbol[0] -= 1
+        else:
+            dims.append(d)
+    return tuple(dims)
 
-    private: members computed here but owned by another group (recomputation): never outputs.
-    served: member -> outside consumers that recompute it (they need no output of it).
-    absorbable(view_node, members): may this view node's input be read with a view instead?
-    feeds: nodes the caller feeds (a fed Const is an input, never an immediate).
+
+@dataclasses.dataclass
+class _FirstPass:
+    """Pass 1 of build over a list of members: what each reads, its TF shape (with symbols)."""
+
+    plans: list  # (name, entry or None, op types, operands [(kind, x, shape, dtype)], axes, keep)
+    shapes: dict  # member -> shape (None: unknown rank), in member order
+    outside: set  # tensors read from outside ("in" operands)
+    symbols: dict  # outside tensor -> its shape with symbols
+    next_symbol: int
+    producers: set  # outside nodes the members read (inputs and immediates)
+
+
+def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
+                feeds: AbstractSet[str]) -> _FirstPass:
+    """Pass 1 of build, or Unfusible.
+
+    A member's pass 1 reads only its own node and the members before it (its producers:
+    members come in topological order), and symbols are numbered in member order, so the
+    pass over members[:-1] is the start of the pass over members. The partitioner's trial
+    merges mostly add one node after the members of a group lowered before, so each
+    successful pass is kept (view.memo) and extended by the members after it, unless one of
+    them is read from outside by the members before it (an order that is not topological).
     """
-    served = served or {}
-    member_set = set(members)
-    symbols: dict[Tensor, tuple] = {}
-    next_symbol = [SYMBOL_BASE]
+    memo = view.memo.setdefault(("lower.first_pass", frozenset(feeds)), {})
+    key = tuple(members)
+    done = memo.get(key)
+    if done is not None:
+        return done
+    prefix = memo.get(key[:-1]) if len(key) > 1 else None
+    if prefix is not None and key[-1] not in prefix.producers:
+        state = _FirstPass(list(prefix.plans), dict(prefix.shapes), set(prefix.outside),
+                           dict(prefix.symbols), prefix.next_symbol, set(prefix.producers))
+        todo = key[-1:]
+    else:
+        state = _FirstPass([], {}, set(), {}, SYMBOL_BASE, set())
+        todo = key
+    symbols = state.symbols
+    next_symbol = [state.next_symbol]
 
     def input_shape(tensor: Tensor) -> Optional[tuple]:
         if tensor not in symbols:
-            shape = view.tensor_shape(tensor)
-            if shape is not None:
-                dims = []
-                for d in shape:
-                    if d == -1:
-                        dims.append(next_symbol[0])
-                        next_symbol[0] -= 1
-                    else:
-                        dims.append(d)
-                shape = tuple(dims)
-            symbols[tensor] = shape
+            symbols[tensor] = _symbolic(view.tensor_shape(tensor), next_symbol)
         return symbols[tensor]
 
-    # --- pass 1: what each member reads, TF shapes ----------------------------------------
-    values: dict[str, _Value] = {}
-    plans = []  # (name, entry or None, op types, operands [(kind, x, shape, dtype)], axes, keep)
-    outside_tensors = set()
-    for name in members:
+    values = state.shapes
+    plans = state.plans
+    outside_tensors = state.outside
+    for name in todo:
         node, ops, entry, inputs, n, dtypes, compute, data_positions = _node_facts(view, name)
         operands = []
         for tensor, dtype in zip(inputs[:n], dtypes):
             if tensor[0] in member_set:
                 if tensor[1] != 0:
                     raise Unfusible(f"{name} reads output {tensor[1]} of member {tensor[0]}")
-                operands.append(("val", tensor[0], values[tensor[0]].shape, dtype))
+                operands.append(("val", tensor[0], values[tensor[0]], dtype))
                 continue
+            state.producers.add(tensor[0])
             immediate = _immediate(view, tensor, dtype, feeds)
             if immediate is not None:
                 operands.append(("imm", immediate, (), dtype))
@@ -278,9 +300,44 @@ def build(
                 shape = _broadcast(view, shapes)
             except catalog.Unsupported:
                 raise Unfusible(f"{name}: {_not_broadcast(shapes)}") from None
-        values[name] = _Value(shape)
+        values[name] = shape
         plans.append((name, entry, ops, operands, axes, keep))
 
+    state.next_symbol = next_symbol[0]
+    memo[key] = state
+    return state
+
+
+def build(
+    view: GraphView,
+    members: list,
+    preserve: AbstractSet[str] = frozenset(),
+    private: AbstractSet[str] = frozenset(),
+    served: Optional[Mapping[str, AbstractSet[str]]] = None,
+    absorbable: Optional[Callable[[str, AbstractSet[str]], bool]] = None,
+    feeds: AbstractSet[str] = frozenset(),
+) -> Lowered:
+    """Lower `members` (topological order) into one program, or raise Unfusible.
+
+    private: members computed here but owned by another group (recomputation): never outputs.
+    served: member -> outside consumers that recompute it (they need no output of it).
+    absorbable(view_node, members): may this view node's input be read with a view instead?
+    feeds: nodes the caller feeds (a fed Const is an input, never an immediate).
+    """
+    served = served or {}
+    member_set = set(members)
+    first = _first_pass(view, members, member_set, feeds)
+    symbols = dict(first.symbols)
+    next_symbol = [first.next_symbol]
+
+    def input_shape(tensor: Tensor) -> Optional[tuple]:
+        if tensor not in symbols:
+            symbols[tensor] = _symbolic(view.tensor_shape(tensor), next_symbol)
+        return symbols[tensor]
+
+    values = {name: _Value(shape) for name, shape in first.shapes.items()}
+    plans = first.plans
+    outside_tensors = first.outside
     unknown_rank = any(v.shape is None for v in values.values())
     if unknown_rank and len(outside_tensors) > 1:
         raise Unfusible("an input of unknown rank among several inputs")
