@@ -137,6 +137,9 @@ class GraphView:
         self.order, self._cyclic = self._topological_order()
         self.position = {name: i for i, name in enumerate(self.order)}
         self._shapes = self._static_shapes(shapes or {})
+        # Derived facts other modules compute once per graph (lower.py's per-node lowering
+        # facts): the partitioner lowers each node once per trial merge that includes it.
+        self.memo: dict = {}
 
     # --- names and edges -------------------------------------------------------------------
 
@@ -183,13 +186,13 @@ class GraphView:
         return name in self._cyclic
 
     def _topological_order(self) -> tuple[list[str], frozenset]:
+        # producers that count: in the graph and not a back edge (read each op once)
+        forward = {node.name for node in self.nodes if node.op not in _BACK_EDGE_OPS}
         pending = {}
         for node in self.nodes:
             producers = {n for n, _ in self._data_inputs[node.name]}
             producers.update(self._control_inputs[node.name])
-            pending[node.name] = sum(
-                1 for p in producers if p in self._by_name and self.node(p).op not in _BACK_EDGE_OPS
-            )
+            pending[node.name] = sum(1 for p in producers if p in forward)
         ready = [self._index[name] for name, count in pending.items() if count == 0]
         heapq.heapify(ready)
         order = []
@@ -273,8 +276,13 @@ class GraphView:
             if "_output_shapes" in node.attr:
                 attr = [shape_from_proto(s) for s in node.attr["_output_shapes"].list.shape]
                 known = _merge_lists(known, attr)
-            known = _merge_lists(known, [self._own_shape(node)])
-            known = _merge_lists(known, [self._propagated_shape(node, shapes)])
+            # merging None changes nothing but a trailing None, which is dropped below
+            own = self._own_shape(node)
+            if own is not None:
+                known = _merge_lists(known, [own])
+            propagated = self._propagated_shape(node, shapes)
+            if propagated is not None:
+                known = _merge_lists(known, [propagated])
             while known and known[-1] is None:
                 known.pop()
             shapes[name] = known
@@ -314,13 +322,17 @@ class GraphView:
         return None
 
     def _propagated_shape(self, node: node_def_pb2.NodeDef, shapes) -> Shape:
+        op = node.op
+        if op not in _SAME_SHAPE_OPS and catalog.tf_op(op) is None and \
+                op != catalog.COMPOSITION_OP:
+            return None
         inputs = [
             shapes.get(n, ())[i] if i < len(shapes.get(n, ())) else None
             for n, i in self._data_inputs[node.name]
         ]
-        if node.op in _SAME_SHAPE_OPS and len(inputs) == 1:
+        if op in _SAME_SHAPE_OPS and len(inputs) == 1:
             return inputs[0]
-        if catalog.tf_op(node.op) is None and node.op != catalog.COMPOSITION_OP:
+        if catalog.tf_op(op) is None and op != catalog.COMPOSITION_OP:
             return None
         return catalog.output_shape(node, self._data_inputs[node.name], inputs,
                                     self.const_value)

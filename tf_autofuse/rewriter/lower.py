@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import AbstractSet, Callable, Mapping, Optional
+from typing import AbstractSet, Callable, Mapping, NamedTuple, Optional
 
 from tensorflow.core.framework import types_pb2
 
@@ -88,6 +88,85 @@ def scalar_immediate(view: GraphView, tensor: Tensor, dtype: Optional[int],
     return number if math.isfinite(number) else None
 
 
+class _NodeFacts(NamedTuple):
+    """What lowering a member reads from its node alone, whatever the group."""
+
+    node: object  # the NodeDef
+    ops: list  # compute_ops
+    entry: Optional[catalog.TfOp]  # None for a composition
+    inputs: list  # data inputs (Tensor)
+    n: int  # data operands
+    dtypes: list  # dtype of each operand
+    compute: Optional[int]  # the compute dtype
+    data_positions: list  # operands of the compute dtype ([0] when none)
+
+
+def _node_facts(view: GraphView, name: str) -> _NodeFacts:
+    """The member's _NodeFacts, or Unfusible; computed once per graph (view.memo): the
+    partitioner lowers a node again in every trial merge of a group holding it."""
+    memo = view.memo.setdefault("lower.facts", {})
+    facts = memo.get(name)
+    if facts is None:
+        try:
+            facts = _compute_node_facts(view, name)
+        except Unfusible as err:
+            facts = err
+        memo[name] = facts
+    if isinstance(facts, Unfusible):
+        raise Unfusible(str(facts))
+    return facts
+
+
+def _compute_node_facts(view: GraphView, name: str) -> _NodeFacts:
+    node = view.node(name)
+    ops = compute_ops(view, name)
+    if not ops:
+        raise Unfusible(f"{name}: {node.op} is not supported")
+    entry = catalog.tf_op(ops[0]) if node.op != catalog.COMPOSITION_OP else None
+    inputs = view.data_inputs(name)
+    n = entry.data_operands(node, len(inputs)) if entry is not None else 1
+    if len(inputs) < n or n == 0:
+        raise Unfusible(f"{name}: {node.op} has {len(inputs)} data input(s)")
+    if entry is not None:
+        dtypes = entry.dtypes_of_operands(node, n)
+        compute = entry.compute_dtype(node)
+    else:
+        compute = view.dtype(name)
+        dtypes = [compute]
+    data_positions = [i for i, d in enumerate(dtypes) if d == compute] or [0]
+    return _NodeFacts(node, ops, entry, inputs, n, dtypes, compute, data_positions)
+
+
+_NOT_IMMEDIATE = object()
+
+
+def _immediate(view: GraphView, tensor: Tensor, dtype, feeds: AbstractSet[str]):
+    """scalar_immediate, computed once per graph and feeds (view.memo)."""
+    memo = view.memo.setdefault(("lower.immediates", frozenset(feeds)), {})
+    key = (tensor, dtype)
+    value = memo.get(key, _NOT_IMMEDIATE)
+    if value is _NOT_IMMEDIATE:
+        value = memo[key] = scalar_immediate(view, tensor, dtype, feeds)
+    return value
+
+
+def _broadcast(view: GraphView, shapes) -> tuple:
+    """catalog.broadcast_shapes of known-rank shapes, once per graph and list of shapes
+    (view.memo): trial merges broadcast the same operand shapes again and again."""
+    memo = view.memo.setdefault("lower.broadcast", {})
+    key = tuple(shapes)
+    result = memo.get(key)
+    if result is None:
+        try:
+            result = catalog.broadcast_shapes(shapes)
+        except catalog.Unsupported as err:
+            result = err
+        memo[key] = result
+    if isinstance(result, catalog.Unsupported):
+        raise catalog.Unsupported(str(result))
+    return result
+
+
 @dataclasses.dataclass
 class _Value:
     shape: Optional[tuple]  # TF shape with symbols; None: unknown rank
@@ -110,76 +189,83 @@ def _fmt(shape) -> str:
     return format_shape(_shown(shape))
 
 
-def build(
-    view: GraphView,
-    members: list,
-    preserve: AbstractSet[str] = frozenset(),
-    private: AbstractSet[str] = frozenset(),
-    served: Optional[Mapping[str, AbstractSet[str]]] = None,
-    absorbable: Optional[Callable[[str, AbstractSet[str]], bool]] = None,
-    feeds: AbstractSet[str] = frozenset(),
-) -> Lowered:
-    """Lower `members` (topological order) into one program, or raise Unfusible.
+def _symbolic(shape: Optional[tuple], next_symbol: list) -> Optional[tuple]:
+    """`shape` with each unknown size (-1) replaced by a fresh symbol (next_symbol[0], ...)."""
+    if shape is None:
+        return None
+    dims = []
+    for d in shape:
+        if d == -1:
+            dims.append(next_symbol[0])
+            next_symbol[0] -= 1
+        else:
+            dims.append(d)
+    return tuple(dims)
 
-    private: members computed here but owned by another group (recomputation): never outputs.
-    served: member -> outside consumers that recompute it (they need no output of it).
-    absorbable(view_node, members): may this view node's input be read with a view instead?
-    feeds: nodes the caller feeds (a fed Const is an input, never an immediate).
+
+@dataclasses.dataclass
+class _FirstPass:
+    """Pass 1 of build over a list of members: what each reads, its TF shape (with symbols)."""
+
+    plans: list  # (name, entry or None, op types, operands [(kind, x, shape, dtype)], axes, keep)
+    shapes: dict  # member -> shape (None: unknown rank), in member order
+    outside: set  # tensors read from outside ("in" operands)
+    symbols: dict  # outside tensor -> its shape with symbols
+    next_symbol: int
+    producers: set  # outside nodes the members read (inputs and immediates)
+
+
+def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
+                feeds: AbstractSet[str]) -> _FirstPass:
+    """Pass 1 of build, or Unfusible.
+
+    A member's pass 1 reads only its own node and the members before it (its producers:
+    members come in topological order), and symbols are numbered in member order, so the
+    pass over members[:-1] is the start of the pass over members. The partitioner's trial
+    merges mostly add one node after the members of a group lowered before, so each
+    successful pass is kept (view.memo) and extended by the members after it, unless one of
+    them is read from outside by the members before it (an order that is not topological).
     """
-    served = served or {}
-    member_set = set(members)
-    symbols: dict[Tensor, tuple] = {}
-    next_symbol = [SYMBOL_BASE]
+    memo = view.memo.setdefault(("lower.first_pass", frozenset(feeds)), {})
+    key = tuple(members)
+    done = memo.get(key)
+    if done is not None:
+        return done
+    prefix = memo.get(key[:-1]) if len(key) > 1 else None
+    if prefix is not None and key[-1] not in prefix.producers:
+        state = _FirstPass(list(prefix.plans), dict(prefix.shapes), set(prefix.outside),
+                           dict(prefix.symbols), prefix.next_symbol, set(prefix.producers))
+        todo = key[-1:]
+    else:
+        state = _FirstPass([], {}, set(), {}, SYMBOL_BASE, set())
+        todo = key
+    symbols = state.symbols
+    next_symbol = [state.next_symbol]
 
     def input_shape(tensor: Tensor) -> Optional[tuple]:
         if tensor not in symbols:
-            shape = view.tensor_shape(tensor)
-            if shape is not None:
-                dims = []
-                for d in shape:
-                    if d == -1:
-                        dims.append(next_symbol[0])
-                        next_symbol[0] -= 1
-                    else:
-                        dims.append(d)
-                shape = tuple(dims)
-            symbols[tensor] = shape
+            symbols[tensor] = _symbolic(view.tensor_shape(tensor), next_symbol)
         return symbols[tensor]
 
-    # --- pass 1: what each member reads, TF shapes ----------------------------------------
-    values: dict[str, _Value] = {}
-    plans = []  # (name, entry or None, op types, operands [(kind, x, shape, dtype)], axes, keep)
-    outside_tensors = set()
-    for name in members:
-        node = view.node(name)
-        ops = compute_ops(view, name)
-        if not ops:
-            raise Unfusible(f"{name}: {node.op} is not supported")
-        entry = catalog.tf_op(ops[0]) if node.op != catalog.COMPOSITION_OP else None
-        inputs = view.data_inputs(name)
-        n = entry.data_operands(node, len(inputs)) if entry is not None else 1
-        if len(inputs) < n or n == 0:
-            raise Unfusible(f"{name}: {node.op} has {len(inputs)} data input(s)")
-        if entry is not None:
-            dtypes = entry.dtypes_of_operands(node, n)
-            compute = entry.compute_dtype(node)
-        else:
-            compute = view.dtype(name)
-            dtypes = [compute]
+    values = state.shapes
+    plans = state.plans
+    outside_tensors = state.outside
+    for name in todo:
+        node, ops, entry, inputs, n, dtypes, compute, data_positions = _node_facts(view, name)
         operands = []
         for tensor, dtype in zip(inputs[:n], dtypes):
             if tensor[0] in member_set:
                 if tensor[1] != 0:
                     raise Unfusible(f"{name} reads output {tensor[1]} of member {tensor[0]}")
-                operands.append(("val", tensor[0], values[tensor[0]].shape, dtype))
+                operands.append(("val", tensor[0], values[tensor[0]], dtype))
                 continue
-            immediate = scalar_immediate(view, tensor, dtype, feeds)
+            state.producers.add(tensor[0])
+            immediate = _immediate(view, tensor, dtype, feeds)
             if immediate is not None:
                 operands.append(("imm", immediate, (), dtype))
             else:
                 operands.append(("in", tensor, input_shape(tensor), dtype))
         # an instruction needs a value operand that gives its dtype: make a Const an input
-        data_positions = [i for i, d in enumerate(dtypes) if d == compute] or [0]
         if all(operands[i][0] == "imm" for i in data_positions):
             i = data_positions[0]
             tensor = inputs[i]
@@ -211,12 +297,47 @@ def build(
             shape = catalog.reduced_shape(shapes[0], axes, keep)
         else:
             try:
-                shape = catalog.broadcast_shapes(shapes)
+                shape = _broadcast(view, shapes)
             except catalog.Unsupported:
                 raise Unfusible(f"{name}: {_not_broadcast(shapes)}") from None
-        values[name] = _Value(shape)
+        values[name] = shape
         plans.append((name, entry, ops, operands, axes, keep))
 
+    state.next_symbol = next_symbol[0]
+    memo[key] = state
+    return state
+
+
+def build(
+    view: GraphView,
+    members: list,
+    preserve: AbstractSet[str] = frozenset(),
+    private: AbstractSet[str] = frozenset(),
+    served: Optional[Mapping[str, AbstractSet[str]]] = None,
+    absorbable: Optional[Callable[[str, AbstractSet[str]], bool]] = None,
+    feeds: AbstractSet[str] = frozenset(),
+) -> Lowered:
+    """Lower `members` (topological order) into one program, or raise Unfusible.
+
+    private: members computed here but owned by another group (recomputation): never outputs.
+    served: member -> outside consumers that recompute it (they need no output of it).
+    absorbable(view_node, members): may this view node's input be read with a view instead?
+    feeds: nodes the caller feeds (a fed Const is an input, never an immediate).
+    """
+    served = served or {}
+    member_set = set(members)
+    first = _first_pass(view, members, member_set, feeds)
+    symbols = dict(first.symbols)
+    next_symbol = [first.next_symbol]
+
+    def input_shape(tensor: Tensor) -> Optional[tuple]:
+        if tensor not in symbols:
+            symbols[tensor] = _symbolic(view.tensor_shape(tensor), next_symbol)
+        return symbols[tensor]
+
+    values = {name: _Value(shape) for name, shape in first.shapes.items()}
+    plans = first.plans
+    outside_tensors = first.outside
     unknown_rank = any(v.shape is None for v in values.values())
     if unknown_rank and len(outside_tensors) > 1:
         raise Unfusible("an input of unknown rank among several inputs")
@@ -278,7 +399,7 @@ def build(
         if not views:
             raise Unfusible("the group reads no tensor")
         try:
-            iteration = catalog.broadcast_shapes(views)
+            iteration = _broadcast(view, views)
         except catalog.Unsupported:
             raise Unfusible(
                 "inputs " + " and ".join(_fmt(v) for v in views) + " not known to broadcast"

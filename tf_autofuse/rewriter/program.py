@@ -9,6 +9,7 @@ and raise ValueError naming the line.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from typing import NamedTuple, Optional, Union
@@ -230,78 +231,25 @@ def _check(program: FusedProgram) -> list[str]:
             fail(line, f"unknown op {inst.op!r}")
         if len(inst.operands) != spec.arity:
             fail(line, f"{inst.op} takes {spec.arity} operand(s), has {len(inst.operands)}")
-        roles = spec.operand_roles()
-        dtypes = set()
-        has_value = False
-        for role, operand in zip(roles, inst.operands):
+        # What the instruction's own checks read of the program: each operand's dtype and
+        # whether it is reduced (a Ref), or its value (an immediate).
+        operands = []
+        for operand in inst.operands:
             if isinstance(operand, Ref):
-                has_value = True
-                dtype = _ref_dtype(operand, program, value_dtypes, lambda r: fail(line, r))
-                if role == "bool" and dtype != "bool":
-                    fail(line, f"{inst.op} needs a bool operand, got {dtype}")
-                if role == "data":
-                    dtypes.add(dtype)
-            elif isinstance(operand, bool):
-                if role != "bool" and not (role == "data" and types_pb2.DT_BOOL in spec.dtypes):
-                    fail(line, f"bad operand {_operand_text(operand)} (bool immediate)")
-            elif not isinstance(operand, (int, float)):
-                fail(line, f"bad operand {operand!r}")
-            elif role == "bool":
-                fail(line, f"{inst.op} needs a bool operand, got {operand!r}")
-            elif isinstance(operand, float) and not math.isfinite(operand):
-                fail(line, "immediates must be finite")
-        if not has_value:
-            fail(line, "needs at least one operand that is a value")
-        if not dtypes:
-            fail(line, f"{inst.op} needs a value operand for its dtype")
-        if len(dtypes) > 1:
-            fail(line, f"operands of different dtypes {sorted(dtypes)}")
-        dtype = dtypes.pop()
-        if DTYPES[dtype] not in spec.dtypes:
-            fail(line, f"{inst.op} does not take {dtype}")
-        data = [o for role, o in zip(roles, inst.operands) if role == "data"]
-        if dtype == "i32" and any(isinstance(o, float) for o in data):
-            fail(line, "an i32 instruction takes integer immediates only")
-        if dtype != "bool" and any(isinstance(o, bool) for o in data):
-            fail(line, "a bool immediate needs a bool instruction")
-        if dtype == "bool" and any(not isinstance(o, (Ref, bool)) for o in data):
-            fail(line, "a bool instruction takes true / false immediates only")
-        keys = [key for key, _ in inst.attrs]
-        for key, value in inst.attrs:
-            if not re.fullmatch(r"[a-z_][a-z0-9_]*", key) or not value or " " in value:
-                fail(line, f"bad attr {key}={value}")
-            if key not in spec.attrs:
-                fail(line, f"{inst.op} takes no attr {key!r}")
-        if len(set(keys)) != len(keys):
-            fail(line, "an attr is given twice")
-        for key in spec.attrs:
-            if key not in keys:
-                fail(line, f"{inst.op} needs attr {key}=")
-        attrs = dict(inst.attrs)
-        result = dtype
-        if spec.result == "bool":
-            result = "bool"
-        elif spec.result == "to":
-            if attrs["to"] not in FLOAT_NAMES:
-                fail(line, f"to= takes one of {', '.join(FLOAT_NAMES)}")
-            result = attrs["to"]
-        if "alpha" in attrs:
-            token = attrs["alpha"]
-            if not _NUMBER.fullmatch(token) or _operand_text(_number(token)) != token:
-                fail(line, f"alpha={token} is not a LITERAL")
-        is_reduced = False
-        if spec.kind == catalog.REDUCE:
-            operand = inst.operands[0]
-            if isinstance(operand, Ref) and operand.kind == "%" and reduced[operand.index]:
-                fail(line, "the operand of a reduction is a full value")
-            is_reduced = True
-        elif axes_seen is not None:
-            is_reduced = all(
-                not isinstance(o, Ref)
-                or (o.kind == "%" and reduced[o.index])
-                or (o.kind == "in" and input_is_reduced(o.index))
-                for o in inst.operands
-            )
+                if operand.kind == "in" and 0 <= operand.index < n_in:
+                    operands.append((_REF, program.inputs[operand.index].dtype, "in",
+                                     axes_seen is not None and input_is_reduced(operand.index)))
+                elif operand.kind == "%" and 0 <= operand.index < len(value_dtypes):
+                    operands.append((_REF, value_dtypes[operand.index], "%",
+                                     reduced[operand.index]))
+                else:
+                    operands.append((_UNDEFINED, str(operand)))
+            else:
+                operands.append((type(operand), operand, repr(operand)))
+        outcome = _instruction_outcome(inst.op, inst.attrs, tuple(operands), axes_seen is not None)
+        if isinstance(outcome, str):
+            fail(line, outcome)
+        result, is_reduced = outcome
         value_dtypes.append(result)
         reduced.append(is_reduced)
     for i, ref in enumerate(program.outputs):
@@ -313,6 +261,99 @@ def _check(program: FusedProgram) -> list[str]:
         if program.output_views[i] is not None and None in (program.output_views[i],):
             fail(line, "bad output view")
     return value_dtypes
+
+
+_REF, _UNDEFINED = "ref", "undefined"  # operand descriptions of _check (else: an immediate)
+
+
+def _instruction_outcome(op: str, attrs: tuple, operands: tuple, reducing: bool):
+    """The checks of one instruction of a known op and arity, from its operands' descriptions
+    (_check): (result dtype, reduced) or the reason of the first fault. The partitioner checks
+    the same instructions in every trial program, so outcomes are memoised."""
+    try:
+        return _cached_outcome(op, attrs, operands, reducing)
+    except TypeError:  # an unhashable operand (not an immediate): its fault is found uncached
+        return _outcome(op, attrs, operands, reducing)
+
+
+def _outcome(op: str, attrs: tuple, operands: tuple, reducing: bool):
+    spec = catalog.for_ir_name(op)
+    roles = spec.operand_roles()
+    dtypes = set()
+    has_value = False
+    for role, operand in zip(roles, operands):
+        if operand[0] == _UNDEFINED:
+            return f"{operand[1]} is not defined above"
+        if operand[0] == _REF:
+            has_value = True
+            dtype = operand[1]
+            if role == "bool" and dtype != "bool":
+                return f"{op} needs a bool operand, got {dtype}"
+            if role == "data":
+                dtypes.add(dtype)
+            continue
+        value = operand[1]
+        if isinstance(value, bool):
+            if role != "bool" and not (role == "data" and types_pb2.DT_BOOL in spec.dtypes):
+                return f"bad operand {_operand_text(value)} (bool immediate)"
+        elif not isinstance(value, (int, float)):
+            return f"bad operand {operand[2]}"
+        elif role == "bool":
+            return f"{op} needs a bool operand, got {operand[2]}"
+        elif isinstance(value, float) and not math.isfinite(value):
+            return "immediates must be finite"
+    if not has_value:
+        return "needs at least one operand that is a value"
+    if not dtypes:
+        return f"{op} needs a value operand for its dtype"
+    if len(dtypes) > 1:
+        return f"operands of different dtypes {sorted(dtypes)}"
+    dtype = dtypes.pop()
+    if DTYPES[dtype] not in spec.dtypes:
+        return f"{op} does not take {dtype}"
+    data = [o for role, o in zip(roles, operands) if role == "data"]
+    immediates = [o[1] for o in data if o[0] != _REF]
+    if dtype == "i32" and any(isinstance(v, float) for v in immediates):
+        return "an i32 instruction takes integer immediates only"
+    if dtype != "bool" and any(isinstance(v, bool) for v in immediates):
+        return "a bool immediate needs a bool instruction"
+    if dtype == "bool" and any(not isinstance(v, bool) for v in immediates):
+        return "a bool instruction takes true / false immediates only"
+    keys = [key for key, _ in attrs]
+    for key, value in attrs:
+        if not _ATTR_KEY.fullmatch(key) or not value or " " in value:
+            return f"bad attr {key}={value}"
+        if key not in spec.attrs:
+            return f"{op} takes no attr {key!r}"
+    if len(set(keys)) != len(keys):
+        return "an attr is given twice"
+    for key in spec.attrs:
+        if key not in keys:
+            return f"{op} needs attr {key}="
+    values = dict(attrs)
+    result = dtype
+    if spec.result == "bool":
+        result = "bool"
+    elif spec.result == "to":
+        if values["to"] not in FLOAT_NAMES:
+            return f"to= takes one of {', '.join(FLOAT_NAMES)}"
+        result = values["to"]
+    if "alpha" in values:
+        token = values["alpha"]
+        if not _NUMBER.fullmatch(token) or _operand_text(_number(token)) != token:
+            return f"alpha={token} is not a LITERAL"
+    is_reduced = False
+    if spec.kind == catalog.REDUCE:
+        first = operands[0]
+        if first[0] == _REF and first[2] == "%" and first[3]:
+            return "the operand of a reduction is a full value"
+        is_reduced = True
+    elif reducing:
+        is_reduced = all(o[0] != _REF or o[3] for o in operands)
+    return result, is_reduced
+
+
+_cached_outcome = functools.lru_cache(maxsize=4096)(_outcome)
 
 
 def _number(token: str):
@@ -334,6 +375,7 @@ _INSTRUCTION = re.compile(r"%(\d+) = ([A-Za-z][A-Za-z0-9_]*) (.+)")
 _OUTPUT = re.compile(r"out(\d+) = ([^ ]+)(?: -> \[([^\]]*)\])?")
 _REF = re.compile(r"(in|%)(\d+)")
 _NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]\d+)?")
+_ATTR_KEY = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def parse(text: str) -> FusedProgram:
