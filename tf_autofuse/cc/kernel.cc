@@ -54,18 +54,20 @@ using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-// Below this estimated cost (Interpreter::CostPerElement units, roughly cycles) the tiles run
-// on the calling thread: waking the pool costs more than it saves. Measured on 2 cores: two
-// threads win from ~150 us of single-threaded work (abs on 1M f32, abs->relu->exp on 300K)
-// and lose below (abs on 300K, abs->relu->exp on 100K: the wake-up takes ~30-40 us).
-constexpr int64_t kInlineCost = 2'000'000;
 // The cost units are rough (an erfc costs 4 or 40 adds depending on the machine), so each kernel
 // also times its inline runs: once two runs have shown what a unit costs here, a run whose
-// predicted single-threaded time passes kParallelNs goes to the pool (two threads save half of
-// it, less the wake-up), whatever its estimated cost. Runs below kTimedCost are not timed (too
-// short to measure).
-constexpr double kParallelNs = 100'000;
+// predicted single-threaded time passes kParallelNs goes to the pool, whatever its estimated
+// cost. Below kProbeCost the first two runs are inline whatever the estimate, to be timed (a
+// kernel the estimate sends to the pool was never timed). Runs below kTimedCost are not timed
+// (too short to measure). kParallelNs, measured in step stats on 2 cores: GELU-erf on
+// [128, 256] took 180 us through the pool and 90 us inline, on [128, 1024] 240 us through the
+// pool and 290 us inline; in a model the pool's threads are often asleep or busy with other
+// kernels, so the break-even is set above the idle-pool one.
+constexpr double kParallelNs = 300'000;
 constexpr int64_t kTimedCost = 100'000;
+// Estimated cost (Interpreter::CostPerElement units, roughly cycles) from which a kernel goes
+// to the pool without timing its first runs: ~10 ms of single-threaded work.
+constexpr int64_t kProbeCost = 20'000'000;
 
 // The node attr naming the NPU kernel library of the program (codegen/cann.py). Attrs starting
 // with '_' need no declaration in the op registration: TensorFlow keeps them on the NodeDef.
@@ -470,7 +472,8 @@ class AutofuseKernelOp : public OpKernel {
       const double ns_per_cost = timed_runs_.load(std::memory_order_relaxed) >= 2
                                      ? ns_per_cost_.load(std::memory_order_relaxed)
                                      : 0;
-      inline_run = ns_per_cost > 0 ? cost * ns_per_cost < kParallelNs : cost < kInlineCost;
+      inline_run = ns_per_cost > 0 ? cost * ns_per_cost < kParallelNs
+                                   : cost < kProbeCost;
     }
     if (inline_run) {
       const auto start = std::chrono::steady_clock::now();
