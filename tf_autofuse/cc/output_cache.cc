@@ -30,11 +30,12 @@ class OutputCache : public tensorflow::Allocator {
   std::string Name() override { return "autofuse_output_cache"; }
 
   void* AllocateRaw(size_t alignment, size_t num_bytes) override {
+    if (alignment > kBlockAlign) return nullptr;  // never asked for by TensorFlow (64 bytes)
     const size_t size = RoundUp(num_bytes);
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-        if (it->first != size || alignment > kBlockAlign) continue;
+        if (it->first != size) continue;
         void* block = it->second;
         idle_.erase(it);
         idle_bytes_ -= size;
@@ -43,7 +44,6 @@ class OutputCache : public tensorflow::Allocator {
       }
       ++misses_;
     }
-    if (alignment > kBlockAlign) return nullptr;  // never asked for by TensorFlow (64 bytes)
     void* block = std::aligned_alloc(kBlockAlign, size);
     if (block == nullptr) return nullptr;  // the Tensor is then uninitialized: the caller falls back
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
