@@ -54,20 +54,20 @@ using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-// The cost units are rough (an erfc costs 4 or 40 adds depending on the machine), so each kernel
-// also times its inline runs: once two runs have shown what a unit costs here, a run whose
-// predicted single-threaded time passes kParallelNs goes to the pool, whatever its estimated
-// cost. Below kProbeCost the first two runs are inline whatever the estimate, to be timed (a
-// kernel the estimate sends to the pool was never timed). Runs below kTimedCost are not timed
-// (too short to measure). kParallelNs, measured in step stats on 2 cores: GELU-erf on
-// [128, 256] took 180 us through the pool and 90 us inline, on [128, 1024] 240 us through the
-// pool and 290 us inline; in a model the pool's threads are often asleep or busy with other
-// kernels, so the break-even is set above the idle-pool one.
-constexpr double kParallelNs = 300'000;
+// How a kernel uses the intra-op pool. The interpreter's cost units are rough (an erfc costs 4 or
+// 40 adds depending on the machine), so each kernel times its first two inline runs (one is not
+// enough: the first also faults in the thread's scratch). From then on every run goes to
+// TensorFlow's ParallelFor with its cost per item in cycles, as TensorFlow's own elementwise
+// kernels do: Eigen's cost model runs it inline when it is small (~100k cycles) and otherwise
+// splits it over the pool. Deciding as TensorFlow does matters in a model: a kernel kept inline
+// while the pool's threads idle lets them fall asleep, and the next MatMul pays to wake them
+// (a 2-layer transformer at batch 1 ran ~9 % slower with kernels of up to 300 us kept inline).
+// Runs below kTimedCost are not timed (too short to measure); from kProbeCost (~10 ms of work)
+// the estimate alone sends a kernel to the pool, untimed.
 constexpr int64_t kTimedCost = 100'000;
-// Estimated cost (Interpreter::CostPerElement units, roughly cycles) from which a kernel goes
-// to the pool without timing its first runs: ~10 ms of single-threaded work.
 constexpr int64_t kProbeCost = 20'000'000;
+// Eigen's cost model counts cycles; a measured nanosecond is taken as this many.
+constexpr double kCyclesPerNs = 3.0;
 
 // The node attr naming the NPU kernel library of the program (codegen/cann.py). Attrs starting
 // with '_' need no declaration in the op registration: TensorFlow keeps them on the NodeDef.
@@ -467,14 +467,10 @@ class AutofuseKernelOp : public OpKernel {
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
     const int64_t cost = interpreter_->TotalCost(run);
     bool inline_run = num_items == 1 || workers == nullptr || workers->NumThreads() <= 1;
-    if (!inline_run) {
-      // one timed run is not enough: the first one also faults in the thread's scratch
-      const double ns_per_cost = timed_runs_.load(std::memory_order_relaxed) >= 2
-                                     ? ns_per_cost_.load(std::memory_order_relaxed)
-                                     : 0;
-      inline_run = ns_per_cost > 0 ? cost * ns_per_cost < kParallelNs
-                                   : cost < kProbeCost;
-    }
+    const double ns_per_cost = timed_runs_.load(std::memory_order_relaxed) >= 2
+                                   ? ns_per_cost_.load(std::memory_order_relaxed)
+                                   : 0;
+    if (!inline_run && ns_per_cost == 0) inline_run = cost < kProbeCost;  // to be timed
     if (inline_run) {
       const auto start = std::chrono::steady_clock::now();
       interpreter_->RunItems(run, io, 0, num_items);
@@ -493,10 +489,13 @@ class AutofuseKernelOp : public OpKernel {
       }
       return;
     }
+    const double per_item = static_cast<double>(interpreter_->CostPerItem(run));
+    const double cycles_per_item =
+        ns_per_cost > 0 ? per_item * ns_per_cost * kCyclesPerNs : per_item;
     workers->ParallelFor(
         num_items,
         tensorflow::thread::ThreadPool::SchedulingParams::Adaptive(
-            interpreter_->CostPerItem(run)),
+            std::max<int64_t>(1, static_cast<int64_t>(cycles_per_item))),
         [&](int64_t first, int64_t last) { interpreter_->RunItems(run, io, first, last); });
   }
 
