@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/model_table.py: the harness, not the timings.
+"""Smoke tests of benchmarks/model_table.py and benchmarks/ab_models.py: the harness, not the timings.
 
 `--smoke` runs the tiny transformer ([16,32]) under each mode in its own process: the table and
 the JSON must hold one cell per mode with kernel counts, peak memory and latency, each mode must
@@ -44,3 +44,30 @@ def test_model_table_smoke(tmp_path):
     assert any(l.startswith("| model | mode | compute kernels |") for l in lines)
     for label in ("TensorFlow (no fusion)", "tf_autofuse", "XLA auto-jit"):
         assert sum(f"| {label} |" in l for l in lines) == 1, label
+
+
+def test_ab_models_smoke(tmp_path):
+    """benchmarks/ab_models.py: both sides in one process, the tf side unfused, the other fused,
+    the outputs equal, one block per round a side."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "TF_XLA_FLAGS")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    out = tmp_path / "ab.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/ab_models.py"), "transformer_b1",
+                           "--quick", "--rounds", "2", "--calls", "2", "--json", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    tf_side, af_side = data["sides"]["tf"], data["sides"]["tf_autofuse"]
+    assert tf_side["fused"] == 0 and af_side["fused"] > 0
+    assert af_side["kernels"] < tf_side["kernels"]
+    assert len(tf_side["blocks_ms"]) == len(af_side["blocks_ms"]) == 2
+    assert data["max_rel_diff"] <= 1e-4
+    assert data["tf_over_autofuse"] == tf_side["median_ms"] / af_side["median_ms"]
+    assert "TF / tf_autofuse = " in proc.stdout
+
+
+def test_ab_models_refuses_a_micro_workload(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/ab_models.py"), "gelu"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "'gelu' is not a model workload" in proc.stderr
