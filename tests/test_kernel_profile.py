@@ -88,11 +88,13 @@ SOFTMAX = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("width,exps", [(256, 1), (8192, 2)])
-def test_softmax_over_short_rows_evaluates_exp_once(tmp_path, width, exps):
-    """Rows of a quarter tile or less run several to a tile, every pass over the same tile: the
-    exp(x - max) that the sum and the division both need is computed once, in the sum's pass, and
-    kept. Rows longer than a tile span tiles, and the division's pass computes it again."""
+@pytest.mark.parametrize("width,exps", [(256, 1), (8192, 1), (70000, 2)])
+def test_softmax_evaluates_exp_once_when_its_row_fits_the_kept_budget(tmp_path, width, exps):
+    """The exp(x - max) that the sum and the division both need is computed once, in the sum's
+    pass, and kept: rows of a quarter tile or less run several to a tile (the value stays in its
+    tile's buffer); longer rows keep it tile by tile while a row's worth fits kKeptRowBytes
+    (256 KiB: 8192 floats do). A row of 70000 floats does not, and the division's pass computes
+    it again."""
     done = run(tmp_path, "--kernel_profile=kp.csv", SOFTMAX.format(width=width))
     assert done.returncode == 0, done.stderr[-2000:]
     steps = [r for r in csv.DictReader((tmp_path / "kp.csv").open()) if r["step"] != "call"]

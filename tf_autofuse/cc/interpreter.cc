@@ -55,6 +55,11 @@
 //                      index, accumulated block after block (the order of one-block tiles).
 //     Their full passes read reduced values expanded into a slot (kExpandReduced: one value
 //     repeated over its row, or the inner vector repeated per block), row by row.
+//   * Kept values: a full value that several passes of an item need (softmax's exp(x - max),
+//     for the sum and for the division) is computed by the first and kept for the others, in
+//     row-group mode (one slot-sized buffer: the item is one tile) and in kept-row mode (row
+//     reductions of one row per item: a buffer per tile of the row, when they fit
+//     kKeptRowBytes). Elsewhere every pass recomputes its full values from the inputs.
 //   * Accumulators: f16/bf16 sums in fp32, f32 and f64 in f64 (f64 with a compensation term),
 //     i32 wrapping (i32 Mean in int64, as TensorFlow); Max/Min in the compute type, propagating
 //     NaN.
@@ -145,6 +150,11 @@ constexpr int64_t kMaxTile = 4096;
 // each destination line saves a third of the memory traffic. Below it, the next kernel finds
 // the output in cache.
 constexpr int64_t kStreamBytes = 16 << 20;
+// Row reductions over rows longer than a row group (one row per item, tile after tile) keep the
+// full values several passes need, a row's worth each, when they all fit in this much scratch:
+// read back from L2, where recomputing them would cost an exp per element again (softmax over
+// rows of 4096).
+constexpr int64_t kKeptRowBytes = 256 * 1024;
 
 // The accumulator type of a reduction of `dtype` values. An i32 Mean sums in int64, as
 // TensorFlow's does (its Sum wraps, its Mean does not).
@@ -229,6 +239,10 @@ struct PlanSet {
   // The same full passes for the row-group mode (rows of at most kMaxGroupedRow elements).
   std::vector<PassSchedules> rows_accumulate;
   PassSchedules rows_final;
+  // Row reductions of one row per item, when values are kept (kept-row mode): the plain full
+  // passes, except that values several passes need are kept, tile by tile, for the whole row.
+  std::vector<PassSchedules> long_accumulate;
+  PassSchedules long_final;
   // The column-group mode's (short inner blocks, several per tile): as the row-group ones, but
   // an item's pass runs over several tiles, so nothing is kept between passes.
   std::vector<PassSchedules> cols_accumulate;
@@ -242,7 +256,8 @@ struct PlanSet {
   int64_t accumulator_offset = 0;      // where the accumulators start
   int64_t buffer_bytes = 0;            // one reduced buffer; an accumulator takes two (the
                                        // second holds the compensation of f64 sums/products)
-  int num_kept = 0;                    // row-group mode: kept full values (slot-sized buffers)
+  int num_kept = 0;                    // row-group and kept-row modes: kept full values (a
+                                       // slot-sized buffer each per tile of a kept row)
   int64_t kept_offset = 0;             // where they start in the scratch
   int64_t output_bytes = 0;            // per element, full outputs together
   std::vector<std::vector<int>> forwardable;
@@ -346,9 +361,12 @@ KeptValues PlanKeptValues(const Program& program, bool has_final) {
   const int levels = program.num_levels;
   for (int order = 0; order <= levels; ++order) {
     if (order == levels && !has_final) break;
+    // a value an earlier pass computed is read from its buffer: what it was computed from is
+    // not needed again (softmax keeps exp(x - max), not x - max too)
+    const auto computed = [&passes](int i) { return passes[i] > 0; };
     const std::vector<bool> needed =
-        order < levels ? FullValuesOfPass(program, Pass::Kind::kAccumulate, order + 1)
-                       : FullValuesOfPass(program, Pass::Kind::kFinal, 0);
+        order < levels ? FullValuesOfPass(program, Pass::Kind::kAccumulate, order + 1, computed)
+                       : FullValuesOfPass(program, Pass::Kind::kFinal, 0, computed);
     for (int i = 0; i < n; ++i) {
       if (!needed[i]) continue;
       if (passes[i]++ == 0) kept.first_pass[i] = order;
@@ -2178,6 +2196,9 @@ struct Frame {
   bool rows;   // row-group mode: tiles of whole rows, reduced values expanded per row
   bool cols;   // column-group mode: tiles of whole inner blocks, reduced values tiled
   KernelProfile* profile;  // --kernel_profile: time every step; null: off
+  // Kept values: the tiles a kept buffer holds (row-group mode: 1; kept-row mode: the tiles of a
+  // row, the tile at offset o * reduce + r0 being number r0 / tile_size); 0: nothing kept.
+  int64_t kept_tiles = 0;
 };
 
 std::string LocString(const Loc& loc) {
@@ -2247,8 +2268,12 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
         return frame.scratch + plans.reduced_offset + loc.index * plans.buffer_bytes;
       case Loc::Kind::kAccumulator:
         return frame.scratch + plans.accumulator_offset + loc.index * 2 * plans.buffer_bytes;
-      case Loc::Kind::kKept:
-        return frame.scratch + plans.kept_offset + loc.index * plans.slot_bytes;
+      case Loc::Kind::kKept: {
+        const int64_t tile = frame.kept_tiles > 1
+                                 ? offset % frame.run.reduce / plans.tile_size : 0;
+        return frame.scratch + plans.kept_offset +
+               (loc.index * frame.kept_tiles + tile) * plans.slot_bytes;
+      }
       case Loc::Kind::kImmediate:
         break;
     }
@@ -2367,12 +2392,19 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
     if (set->has_final) {
       set->rows_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/true, /*keep=*/true});
       set->cols_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/true});
+      if (set->num_kept > 0) {
+        set->long_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/false, /*keep=*/true});
+      }
     }
     for (int p = 1; p <= program_.num_levels; ++p) {
       set->accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p}));
       set->rows_accumulate.push_back(
           full_pass({Pass::Kind::kAccumulate, p, /*rows=*/true, /*keep=*/true}));
       set->cols_accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p, /*rows=*/true}));
+      if (set->num_kept > 0) {
+        set->long_accumulate.push_back(
+            full_pass({Pass::Kind::kAccumulate, p, /*rows=*/false, /*keep=*/true}));
+      }
     }
     for (int p = 0; p <= program_.num_levels; ++p) {
       set->finalize.push_back(build(staged, {Pass::Kind::kFinalize, p}));
@@ -2387,9 +2419,11 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
   if (set->has_final && program_.has_reductions()) {
     add(set->rows_final);
     add(set->cols_final);
+    if (set->num_kept > 0) add(set->long_final);
   }
   for (const PassSchedules& s : set->accumulate) add(s);
   for (const PassSchedules& s : set->rows_accumulate) add(s);
+  for (const PassSchedules& s : set->long_accumulate) add(s);
   for (const PassSchedules& s : set->cols_accumulate) add(s);
   for (const Schedule& s : set->finalize) schedules.push_back(&s);
 
@@ -2438,7 +2472,8 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
         continue;
       }
       bool safe = true;
-      for (const PassSchedules* pass : {&set->final, &set->rows_final, &set->cols_final}) {
+      for (const PassSchedules* pass :
+           {&set->final, &set->rows_final, &set->cols_final, &set->long_final}) {
         for (const Schedule* s : {&pass->direct, &pass->streaming, &pass->staged}) {
           if (s->empty()) continue;
           if (s->last_input_read[j] > s->first_output_write[k]) safe = false;
@@ -2588,6 +2623,14 @@ int64_t RowsPerItem(const RunShape& run, int64_t tile) {
   if (run.inner != 1 || run.reduce == 0 || run.reduce * kRowsPerTileMin > tile) return 1;
   return tile / run.reduce;
 }
+// Kept-row mode (row reductions of one row per item whose kept values fit kKeptRowBytes): the
+// tiles of a row; 0 when the mode does not apply.
+int64_t KeptRowTiles(const RunShape& run, const PlanSet& plans) {
+  if (plans.num_kept == 0 || run.inner != 1 || run.reduce == 0) return 0;
+  const int64_t tiles = (run.reduce + plans.tile_size - 1) / plans.tile_size;
+  if (tiles * plans.num_kept * plans.slot_bytes > kKeptRowBytes) return 0;
+  return tiles;
+}
 // Inner blocks per tile in column-group mode (short inner dimensions); 1 otherwise.
 int64_t BlocksPerTile(const RunShape& run, int64_t tile) {
   if (run.inner == 1 || run.inner * kRowsPerTileMin > tile) return 1;
@@ -2616,13 +2659,18 @@ int64_t Interpreter::CostPerItem(const RunShape& run) const {
 void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t first,
                            int64_t last) const {
   const PlanSet& plans = *run.plans;
-  char* scratch = ThreadScratch(plans.scratch_bytes);
   const bool stream = run.num_elements * plans.output_bytes >= kStreamBytes;
   const int64_t tile = plans.tile_size;
   const int64_t group = program_.has_reductions() ? RowsPerItem(run, tile) : 1;
   const int64_t blocks = program_.has_reductions() ? BlocksPerTile(run, tile) : 1;
+  const int64_t row_tiles = KeptRowTiles(run, plans);
+  const int64_t kept_tiles = group > 1 ? 1 : row_tiles;
+  char* scratch = ThreadScratch(
+      plans.scratch_bytes + (kept_tiles > 1 ? (kept_tiles - 1) * plans.num_kept * plans.slot_bytes
+                                            : 0));
   const Frame frame{run, io, plans, scratch, /*lanes=*/run.inner == 1, /*rows=*/group > 1,
-                    /*cols=*/blocks > 1, profile_};
+                    /*cols=*/blocks > 1, profile_, kept_tiles};
+  const bool kept_rows = group == 1 && row_tiles > 0;
   auto full_tile = [&](const PassSchedules& s, bool streaming, int64_t offset, int64_t valid) {
     if (valid % kPad == 0) {
       RunSchedule(streaming ? s.streaming : s.direct, frame, false, offset, valid, valid);
@@ -2681,12 +2729,16 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
         }
         for_tiles(frame.rows   ? plans.rows_accumulate[p - 1]
                   : frame.cols ? plans.cols_accumulate[p - 1]
+                  : kept_rows  ? plans.long_accumulate[p - 1]
                                : plans.accumulate[p - 1],
                   false);
         finalize(p);
       }
       if (plans.has_final) {
-        for_tiles(frame.rows ? plans.rows_final : frame.cols ? plans.cols_final : plans.final,
+        for_tiles(frame.rows   ? plans.rows_final
+                  : frame.cols ? plans.cols_final
+                  : kept_rows  ? plans.long_final
+                               : plans.final,
                   stream);
       }
     }
