@@ -241,8 +241,8 @@ struct PlanSet {
   PassSchedules rows_final;
   // Row reductions of one row per item, when values are kept (kept-row mode): the plain full
   // passes, except that values several passes need are kept, tile by tile, for the whole row.
-  std::vector<PassSchedules> long_accumulate;
-  PassSchedules long_final;
+  std::vector<PassSchedules> kept_row_accumulate;
+  PassSchedules kept_row_final;
   // The column-group mode's (short inner blocks, several per tile): as the row-group ones, but
   // an item's pass runs over several tiles, so nothing is kept between passes.
   std::vector<PassSchedules> cols_accumulate;
@@ -2393,7 +2393,8 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
       set->rows_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/true, /*keep=*/true});
       set->cols_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/true});
       if (set->num_kept > 0) {
-        set->long_final = full_pass({Pass::Kind::kFinal, 0, /*rows=*/false, /*keep=*/true});
+        set->kept_row_final =
+            full_pass({Pass::Kind::kFinal, 0, /*rows=*/false, /*keep=*/true});
       }
     }
     for (int p = 1; p <= program_.num_levels; ++p) {
@@ -2402,7 +2403,7 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
           full_pass({Pass::Kind::kAccumulate, p, /*rows=*/true, /*keep=*/true}));
       set->cols_accumulate.push_back(full_pass({Pass::Kind::kAccumulate, p, /*rows=*/true}));
       if (set->num_kept > 0) {
-        set->long_accumulate.push_back(
+        set->kept_row_accumulate.push_back(
             full_pass({Pass::Kind::kAccumulate, p, /*rows=*/false, /*keep=*/true}));
       }
     }
@@ -2419,11 +2420,11 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
   if (set->has_final && program_.has_reductions()) {
     add(set->rows_final);
     add(set->cols_final);
-    if (set->num_kept > 0) add(set->long_final);
+    if (set->num_kept > 0) add(set->kept_row_final);
   }
   for (const PassSchedules& s : set->accumulate) add(s);
   for (const PassSchedules& s : set->rows_accumulate) add(s);
-  for (const PassSchedules& s : set->long_accumulate) add(s);
+  for (const PassSchedules& s : set->kept_row_accumulate) add(s);
   for (const PassSchedules& s : set->cols_accumulate) add(s);
   for (const Schedule& s : set->finalize) schedules.push_back(&s);
 
@@ -2473,7 +2474,7 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
       }
       bool safe = true;
       for (const PassSchedules* pass :
-           {&set->final, &set->rows_final, &set->cols_final, &set->long_final}) {
+           {&set->final, &set->rows_final, &set->cols_final, &set->kept_row_final}) {
         for (const Schedule* s : {&pass->direct, &pass->streaming, &pass->staged}) {
           if (s->empty()) continue;
           if (s->last_input_read[j] > s->first_output_write[k]) safe = false;
@@ -2729,7 +2730,7 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
         }
         for_tiles(frame.rows   ? plans.rows_accumulate[p - 1]
                   : frame.cols ? plans.cols_accumulate[p - 1]
-                  : kept_rows  ? plans.long_accumulate[p - 1]
+                  : kept_rows  ? plans.kept_row_accumulate[p - 1]
                                : plans.accumulate[p - 1],
                   false);
         finalize(p);
@@ -2737,7 +2738,7 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
       if (plans.has_final) {
         for_tiles(frame.rows   ? plans.rows_final
                   : frame.cols ? plans.cols_final
-                  : kept_rows  ? plans.long_final
+                  : kept_rows  ? plans.kept_row_final
                                : plans.final,
                   stream);
       }
