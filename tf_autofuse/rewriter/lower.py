@@ -554,6 +554,16 @@ def _not_broadcast(shapes) -> str:
     return "shapes " + " and ".join(_fmt(s) for s in shapes) + " not known to broadcast"
 
 
+def reads_view_node(view: GraphView, lowered: Lowered) -> bool:
+    """Does the program read output 0 of a view node (Reshape, ...), which `build` with an
+    `absorbable` could read through instead?"""
+    for name, index in lowered.inputs:
+        entry = catalog.tf_op(view.node(name).op) if index == 0 else None
+        if entry is not None and entry.kind == catalog.VIEW:
+            return True
+    return False
+
+
 def lower(view: GraphView, group, preserve: AbstractSet[str], **kwargs) -> Lowered:
     """The program of a partitioned group (see partition.Group)."""
     return build(view, group.members, preserve, **kwargs)
