@@ -14,6 +14,7 @@ reductions and view ops with Const axes / shapes) and a few same-shape ops (Iden
 
 from __future__ import annotations
 
+import functools
 import heapq
 from typing import Mapping, Optional, Sequence
 
@@ -53,6 +54,7 @@ def node_name(text: str) -> str:
     return parse_input(text)[0]
 
 
+@functools.lru_cache(maxsize=256)  # a graph names a handful of devices, on every node
 def device_type(device: str) -> str:
     """'/job:a/replica:0/task:0/device:GPU:1' -> 'GPU'; '/cpu:0' -> 'CPU'; '' -> 'CPU'."""
     for part in device.split("/"):

@@ -182,7 +182,9 @@ def _embed(shape: tuple, placement: tuple, rank: int) -> tuple:
 
 
 def _shown(shape) -> Optional[tuple]:
-    return None if shape is None else tuple(d if d >= 0 else -1 for d in shape)
+    if shape is None or not shape or min(shape) >= 0:  # nothing symbolic (most shapes)
+        return None if shape is None else tuple(shape)
+    return tuple(d if d >= 0 else -1 for d in shape)
 
 
 def _fmt(shape) -> str:
@@ -346,8 +348,12 @@ def build(
     rank = 0
     if not unknown_rank:
         for _, _, _, operands, _, _ in plans:
-            rank = max([rank] + [len(s) for k, _, s, _ in operands if k != "imm"])
-        rank = max([rank] + [len(v.shape) for v in values.values()])
+            for k, _, s, _ in operands:
+                if k != "imm" and len(s) > rank:
+                    rank = len(s)
+        for v in values.values():
+            if len(v.shape) > rank:
+                rank = len(v.shape)
     usages = []  # (tensor, shape as read, placement)
     reductions = []  # (name, axes, operand shape, operand placement)
     for name, entry, ops, operands, axes, keep in plans:
