@@ -20,7 +20,7 @@ from tensorflow.core.framework import graph_pb2
 
 from . import catalog, cost
 from .graph import GraphView, Shape, node_name
-from .lower import Unfusible, build, keeps_name
+from .lower import Unfusible, build, keeps_name, reads_view_node
 from .naming import Namer
 from .partition import Policy, Refusal, find_groups, plan_recomputation
 from .patterns import Pattern, PatternGraph, apply_patterns
@@ -95,14 +95,18 @@ def rewrite(
     preserve = frozenset(node_name(p) for p in preserve)
     feeds = frozenset(node_name(f) for f in feeds)
     policy = dataclasses.replace(policy_from_flags(flags, preserve), feeds=feeds)
-    unchanged = graph_pb2.GraphDef()
-    unchanged.CopyFrom(graph_def)
+
+    def unchanged() -> graph_pb2.GraphDef:  # a copy, made only when nothing is fused
+        copy = graph_pb2.GraphDef()
+        copy.CopyFrom(graph_def)
+        return copy
+
     candidates = catalog.candidate_op_types()
     patterns = tuple(patterns or ())
     auto = policy.auto and policy.pointwise
     if policy.max_fusion_size <= 0 or not (auto or patterns) or not any(
             node.op in candidates for node in graph_def.node):
-        return Rewrite(unchanged, [], [])
+        return Rewrite(unchanged(), [], [])
 
     view = GraphView(graph_def, shapes)
 
@@ -125,7 +129,7 @@ def rewrite(
         if groups:
             served = plan_recomputation(view, groups, policy, refusals)
     if not groups and not claims:
-        return Rewrite(unchanged, [], refusals)
+        return Rewrite(unchanged(), [], refusals)
 
     namer = Namer(node.name for node in graph_def.node)
     plans, fusions = [], []
@@ -137,12 +141,17 @@ def rewrite(
         fusions.append(Fusion(name, "pattern", claim.members, claim.lowered.op_types,
                               claim.lowered.program.print(), claim.lowered.absorbed))
     for group in groups:
-        members = sorted(set(group.members) | set(group.private), key=view.position.get)
-        try:
-            lowered = build(view, members, preserve, private=set(group.private), served=served,
-                            absorbable=absorbable, feeds=feeds)
-        except Unfusible:
+        if not group.private and not served and not reads_view_node(view, group.lowered):
+            # the partitioner's lowering of exactly these members is this build's result:
+            # only an input a view node produces could be absorbed (read through) here
             lowered = group.lowered
+        else:
+            members = sorted(set(group.members) | set(group.private), key=view.position.get)
+            try:
+                lowered = build(view, members, preserve, private=set(group.private),
+                                served=served, absorbable=absorbable, feeds=feeds)
+            except Unfusible:
+                lowered = group.lowered
         name = namer.name(lowered.kind, lowered.op_types)
         keep = frozenset(m for m in group.members if keeps_name(view, m, preserve))
         plans.append(Planned(name, tuple(group.members), group.device, lowered, keep))

@@ -14,6 +14,7 @@ reductions and view ops with Const axes / shapes) and a few same-shape ops (Iden
 
 from __future__ import annotations
 
+import functools
 import heapq
 from typing import Mapping, Optional, Sequence
 
@@ -25,6 +26,7 @@ Shape = Optional[tuple]  # None: unknown rank
 Tensor = tuple  # (node name, output index)
 
 _BACK_EDGE_OPS = frozenset({"NextIteration", "RefNextIteration"})
+_OWN_SHAPE_OPS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const"})  # _own_shape's
 _DTYPE_ATTR_OPS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "VariableV2"})
 # Not fusible, but their output has their input's shape: shapes propagate through them.
 _SAME_SHAPE_OPS = frozenset(
@@ -53,6 +55,7 @@ def node_name(text: str) -> str:
     return parse_input(text)[0]
 
 
+@functools.lru_cache(maxsize=256)  # a graph names a handful of devices, on every node
 def device_type(device: str) -> str:
     """'/job:a/replica:0/task:0/device:GPU:1' -> 'GPU'; '/cpu:0' -> 'CPU'; '' -> 'CPU'."""
     for part in device.split("/"):
@@ -77,7 +80,7 @@ def merge_shapes(first: Shape, second: Shape) -> Shape:
     """What both tell: a size beats a symbolic size, which beats -1; `first` wins ties."""
     if first is None:
         return second
-    if second is None or len(second) != len(first):
+    if second is None or len(second) != len(first) or first == second:
         return first
     return tuple(_merge_dim(a, b) for a, b in zip(first, second))
 
@@ -114,24 +117,29 @@ class GraphView:
     ):
         self.graph_def = graph_def
         self.nodes: list[node_def_pb2.NodeDef] = list(graph_def.node)
-        self._by_name = {node.name: node for node in self.nodes}
-        self._index = {node.name: i for i, node in enumerate(self.nodes)}
+        # Each proto field read makes a new Python object: names and ops are read once here.
+        names = [node.name for node in self.nodes]
+        self._ops = [node.op for node in self.nodes]
+        self._by_name = dict(zip(names, self.nodes))
+        self._index = {name: i for i, name in enumerate(names)}
         self._data_inputs: dict[str, list[Tensor]] = {}
         self._control_inputs: dict[str, list[str]] = {}
-        self._data_consumers: dict[str, list[tuple[str, int, int]]] = {n.name: [] for n in self.nodes}
-        self._control_consumers: dict[str, list[str]] = {n.name: [] for n in self.nodes}
-        for node in self.nodes:
+        self._data_consumers: dict[str, list[tuple[str, int, int]]] = {n: [] for n in names}
+        self._control_consumers: dict[str, list[str]] = {n: [] for n in names}
+        data_consumers, control_consumers = self._data_consumers, self._control_consumers
+        for node_name, node in zip(names, self.nodes):
             data, control = [], []
             for position, text in enumerate(node.input):
                 name, index, is_control = parse_input(text)
                 if is_control:
                     control.append(name)
-                    self._control_consumers.setdefault(name, []).append(node.name)
+                    control_consumers.setdefault(name, []).append(node_name)
                 else:
                     data.append((name, index))
-                    self._data_consumers.setdefault(name, []).append((node.name, position, index))
-            self._data_inputs[node.name] = data
-            self._control_inputs[node.name] = control
+                    data_consumers.setdefault(name, []).append((node_name, position, index))
+            self._data_inputs[node_name] = data
+            self._control_inputs[node_name] = control
+        self._names = names
         self._consts: dict = {}
         self._successors = self._forward_successors()
         self.order, self._cyclic = self._topological_order()
@@ -172,13 +180,13 @@ class GraphView:
 
     def _forward_successors(self) -> dict[str, tuple]:
         result = {}
-        for node in self.nodes:
-            if node.op in _BACK_EDGE_OPS:
-                result[node.name] = ()
+        for name, op in zip(self._names, self._ops):
+            if op in _BACK_EDGE_OPS:
+                result[name] = ()
                 continue
-            seen = dict.fromkeys(c for c, _, _ in self._data_consumers[node.name])
-            seen.update(dict.fromkeys(self._control_consumers[node.name]))
-            result[node.name] = tuple(seen)
+            seen = dict.fromkeys(c for c, _, _ in self._data_consumers[name])
+            seen.update(dict.fromkeys(self._control_consumers[name]))
+            result[name] = tuple(seen)
         return result
 
     def in_cycle(self, name: str) -> bool:
@@ -187,24 +195,26 @@ class GraphView:
 
     def _topological_order(self) -> tuple[list[str], frozenset]:
         # producers that count: in the graph and not a back edge (read each op once)
-        forward = {node.name for node in self.nodes if node.op not in _BACK_EDGE_OPS}
+        names = self._names
+        forward = {name for name, op in zip(names, self._ops) if op not in _BACK_EDGE_OPS}
         pending = {}
-        for node in self.nodes:
-            producers = {n for n, _ in self._data_inputs[node.name]}
-            producers.update(self._control_inputs[node.name])
-            pending[node.name] = sum(1 for p in producers if p in forward)
+        for name in names:
+            producers = {n for n, _ in self._data_inputs[name]}
+            producers.update(self._control_inputs[name])
+            pending[name] = sum(1 for p in producers if p in forward)
         ready = [self._index[name] for name, count in pending.items() if count == 0]
         heapq.heapify(ready)
         order = []
+        successors, index = self._successors, self._index
         while ready:
-            name = self.nodes[heapq.heappop(ready)].name
+            name = names[heapq.heappop(ready)]
             order.append(name)
-            for consumer in self.successors(name):
+            for consumer in successors[name]:
                 pending[consumer] -= 1
                 if pending[consumer] == 0:
-                    heapq.heappush(ready, self._index[consumer])
+                    heapq.heappush(ready, index[consumer])
         placed = set(order)
-        left = [node.name for node in self.nodes if node.name not in placed]
+        left = [name for name in names if name not in placed]
         return order + left, frozenset(left)
 
     # --- dtypes and devices ----------------------------------------------------------------
@@ -270,17 +280,22 @@ class GraphView:
     def _static_shapes(self, given: Mapping[str, Sequence[Shape]]) -> dict[str, list[Shape]]:
         given = self._resolve_symbols(given)
         shapes: dict[str, list[Shape]] = {}
+        propagates: dict[str, bool] = {}  # op type -> may _propagated_shape know a shape
         for name in self.order:
-            node = self.node(name)
+            i = self._index[name]
+            node, op = self.nodes[i], self._ops[i]
             known = [tuple(s) if s is not None else None for s in given.get(name, ())]
             if "_output_shapes" in node.attr:
                 attr = [shape_from_proto(s) for s in node.attr["_output_shapes"].list.shape]
                 known = _merge_lists(known, attr)
             # merging None changes nothing but a trailing None, which is dropped below
-            own = self._own_shape(node)
+            own = self._own_shape(node) if op in _OWN_SHAPE_OPS else None
             if own is not None:
                 known = _merge_lists(known, [own])
-            propagated = self._propagated_shape(node, shapes)
+            if op not in propagates:
+                propagates[op] = (op in _SAME_SHAPE_OPS or catalog.tf_op(op) is not None
+                                  or op == catalog.COMPOSITION_OP)
+            propagated = self._propagated_shape(node, shapes) if propagates[op] else None
             if propagated is not None:
                 known = _merge_lists(known, [propagated])
             while known and known[-1] is None:

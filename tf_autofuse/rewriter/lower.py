@@ -182,7 +182,9 @@ def _embed(shape: tuple, placement: tuple, rank: int) -> tuple:
 
 
 def _shown(shape) -> Optional[tuple]:
-    return None if shape is None else tuple(d if d >= 0 else -1 for d in shape)
+    if shape is None or not shape or min(shape) >= 0:  # nothing symbolic (most shapes)
+        return None if shape is None else tuple(shape)
+    return tuple(d if d >= 0 else -1 for d in shape)
 
 
 def _fmt(shape) -> str:
@@ -346,8 +348,12 @@ def build(
     rank = 0
     if not unknown_rank:
         for _, _, _, operands, _, _ in plans:
-            rank = max([rank] + [len(s) for k, _, s, _ in operands if k != "imm"])
-        rank = max([rank] + [len(v.shape) for v in values.values()])
+            for k, _, s, _ in operands:
+                if k != "imm" and len(s) > rank:
+                    rank = len(s)
+        for v in values.values():
+            if len(v.shape) > rank:
+                rank = len(v.shape)
     usages = []  # (tensor, shape as read, placement)
     reductions = []  # (name, axes, operand shape, operand placement)
     for name, entry, ops, operands, axes, keep in plans:
@@ -552,6 +558,16 @@ def build(
 
 def _not_broadcast(shapes) -> str:
     return "shapes " + " and ".join(_fmt(s) for s in shapes) + " not known to broadcast"
+
+
+def reads_view_node(view: GraphView, lowered: Lowered) -> bool:
+    """Does the program read output 0 of a view node (Reshape, ...), which `build` with an
+    `absorbable` could read through instead?"""
+    for name, index in lowered.inputs:
+        entry = catalog.tf_op(view.node(name).op) if index == 0 else None
+        if entry is not None and entry.kind == catalog.VIEW:
+            return True
+    return False
 
 
 def lower(view: GraphView, group, preserve: AbstractSet[str], **kwargs) -> Lowered:

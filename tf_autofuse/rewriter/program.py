@@ -114,7 +114,11 @@ class FusedProgram:
 
     def print(self) -> str:
         """The program text: one statement a line, each line ended by '\\n'."""
-        return "".join(line + "\n" for line in self.lines())
+        text = self.__dict__.get("_text")
+        if text is None:  # rendered once: the rewriter needs it for the Fusion and the node
+            text = "".join(line + "\n" for line in self.lines())
+            object.__setattr__(self, "_text", text)
+        return text
 
     __str__ = print
 

@@ -109,6 +109,20 @@ def _dead_consts(view: GraphView, plans: list[Planned], remap: "_Remap", preserv
     return dead
 
 
+def _without_nodes(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """A copy of everything but the nodes (versions, library, ...): copying the whole graph
+    and deleting its nodes would copy every node once for nothing."""
+    out = graph_pb2.GraphDef()
+    for field, value in graph_def.ListFields():
+        if field.name == "node":
+            continue
+        if field.message_type is not None:  # versions, library, debug_info
+            getattr(out, field.name).CopyFrom(value)
+        else:  # the deprecated `version`
+            setattr(out, field.name, value)
+    return out
+
+
 def splice(view: GraphView, plans: list[Planned], preserve=frozenset()) -> graph_pb2.GraphDef:
     remap = _Remap(plans)
     dead = _dead_consts(view, plans, remap, preserve)
@@ -118,9 +132,7 @@ def splice(view: GraphView, plans: list[Planned], preserve=frozenset()) -> graph
     for plan in plans:
         first = min(plan.members + plan.lowered.absorbed, key=view.index)
         first_member.setdefault(first, []).append(plan)
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(view.graph_def)
-    del out.node[:]
+    out = _without_nodes(view.graph_def)
     for node in view.nodes:
         for plan in first_member.get(node.name, ()):
             out.node.append(_fused_node(plan, remap))
