@@ -11,8 +11,10 @@ read each time Grappler optimizes a function). Their calls alternate in blocks (
 for `--rounds` rounds, so drift of the machine hits both sides alike. Printed: each side's
 median of block medians, the ratio TF / tf_autofuse (> 1: fusion faster), the rounds fusion
 won, each side's executed compute kernels (fused ones apart) and the largest output difference.
-The first call is timed while TensorFlow traces it (to read the executed graph): it is slower
-than an untraced first call, on both sides.
+The first call is timed while TensorFlow traces it (to read the executed graph), and the tf side
+goes first, paying the process's one-time costs (Keras' first call, TensorFlow's caches): the
+first-call figures are for reading the kernel counts' context, not for comparing the sides
+(benchmarks/model_table.py times first calls in fresh processes).
 
 The script sets AUTOFUSE_FLAGS="--enable_autofuse=true;--autofuse_enable_pass=reduce" itself,
 as the suite's autofuse mode does. Both
