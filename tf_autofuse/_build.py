@@ -143,12 +143,20 @@ def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], out: Pat
         # at most os.cpu_count() compilers at once
         while sum(p.poll() is None for _, _, p in jobs) >= (os.cpu_count() or 1):
             time.sleep(0.05)
-    for src, cmd, proc in jobs:
-        log, _ = proc.communicate()
-        if proc.returncode != 0:
-            raise BuildError(f"compiling {src.name} failed. Check that {cxx} is a working C++17 "
-                             f"compiler (or set CXX to one) and that {out.parent} has free "
-                             f"space:\n  {' '.join(cmd)}\n{log}")
+    try:
+        for src, cmd, proc in jobs:
+            log, _ = proc.communicate()
+            if proc.returncode != 0:
+                raise BuildError(f"compiling {src.name} failed. Check that {cxx} is a working "
+                                 f"C++17 compiler (or set CXX to one) and that {out.parent} has "
+                                 f"free space:\n  {' '.join(cmd)}\n{log}")
+    finally:
+        # On a failure the other compilers may still be writing into the build directory, whose
+        # removal would then fail and hide this error behind its own: stop them first.
+        for _, _, proc in jobs:
+            if proc.returncode is None:  # not waited for yet
+                proc.kill()
+                proc.communicate()
     sanitizers = _SANITIZE_FLAGS[:1] if sanitize() else []
     cmd = [cxx, "-shared", *sanitizers, *map(str, objects), "-o", str(out), *link_flags, "-ldl"]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
