@@ -26,7 +26,6 @@ Shape = Optional[tuple]  # None: unknown rank
 Tensor = tuple  # (node name, output index)
 
 _BACK_EDGE_OPS = frozenset({"NextIteration", "RefNextIteration"})
-_OWN_SHAPE_OPS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const"})  # _own_shape's
 _DTYPE_ATTR_OPS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "VariableV2"})
 # Not fusible, but their output has their input's shape: shapes propagate through them.
 _SAME_SHAPE_OPS = frozenset(
@@ -280,7 +279,6 @@ class GraphView:
     def _static_shapes(self, given: Mapping[str, Sequence[Shape]]) -> dict[str, list[Shape]]:
         given = self._resolve_symbols(given)
         shapes: dict[str, list[Shape]] = {}
-        propagates: dict[str, bool] = {}  # op type -> may _propagated_shape know a shape
         for name in self.order:
             i = self._index[name]
             node, op = self.nodes[i], self._ops[i]
@@ -289,13 +287,10 @@ class GraphView:
                 attr = [shape_from_proto(s) for s in node.attr["_output_shapes"].list.shape]
                 known = _merge_lists(known, attr)
             # merging None changes nothing but a trailing None, which is dropped below
-            own = self._own_shape(node) if op in _OWN_SHAPE_OPS else None
+            own = self._own_shape(node, op)
             if own is not None:
                 known = _merge_lists(known, [own])
-            if op not in propagates:
-                propagates[op] = (op in _SAME_SHAPE_OPS or catalog.tf_op(op) is not None
-                                  or op == catalog.COMPOSITION_OP)
-            propagated = self._propagated_shape(node, shapes) if propagates[op] else None
+            propagated = self._propagated_shape(node, op, shapes)
             if propagated is not None:
                 known = _merge_lists(known, [propagated])
             while known and known[-1] is None:
@@ -316,7 +311,7 @@ class GraphView:
             if "_output_shapes" in node.attr:
                 others = [shape_from_proto(p) for p in node.attr["_output_shapes"].list.shape]
             if not others:
-                others = [self._own_shape(node)]
+                others = [self._own_shape(node, node.op)]
             for mine, other in zip(outputs, others):
                 if mine is None or other is None or len(mine) != len(other):
                     continue
@@ -329,17 +324,16 @@ class GraphView:
                        for s in outputs] for name, outputs in given.items()}
 
     @staticmethod
-    def _own_shape(node: node_def_pb2.NodeDef) -> Shape:
-        if node.op in ("Placeholder", "PlaceholderWithDefault") and "shape" in node.attr:
+    def _own_shape(node: node_def_pb2.NodeDef, op: str) -> Shape:
+        # `op` is node.op, read once by the caller (each proto field read makes a new object)
+        if op in ("Placeholder", "PlaceholderWithDefault") and "shape" in node.attr:
             return shape_from_proto(node.attr["shape"].shape)
-        if node.op == "Const" and "value" in node.attr:
+        if op == "Const" and "value" in node.attr:
             return shape_from_proto(node.attr["value"].tensor.tensor_shape)
         return None
 
-    def _propagated_shape(self, node: node_def_pb2.NodeDef, shapes) -> Shape:
-        op = node.op
-        if op not in _SAME_SHAPE_OPS and catalog.tf_op(op) is None and \
-                op != catalog.COMPOSITION_OP:
+    def _propagated_shape(self, node: node_def_pb2.NodeDef, op: str, shapes) -> Shape:
+        if not _may_propagate(op):
             return None
         inputs = [
             shapes.get(n, ())[i] if i < len(shapes.get(n, ())) else None
@@ -351,6 +345,12 @@ class GraphView:
             return None
         return catalog.output_shape(node, self._data_inputs[node.name], inputs,
                                     self.const_value)
+
+
+@functools.lru_cache(maxsize=None)  # per op type: a graph has a few dozen
+def _may_propagate(op: str) -> bool:
+    """Can _propagated_shape know the output shape of an `op` node from its inputs?"""
+    return op in _SAME_SHAPE_OPS or catalog.tf_op(op) is not None or op == catalog.COMPOSITION_OP
 
 
 def _merge_lists(first: list[Shape], second: list[Shape]) -> list[Shape]:

@@ -182,8 +182,10 @@ def _embed(shape: tuple, placement: tuple, rank: int) -> tuple:
 
 
 def _shown(shape) -> Optional[tuple]:
-    if shape is None or not shape or min(shape) >= 0:  # nothing symbolic (most shapes)
-        return None if shape is None else tuple(shape)
+    if shape is None:
+        return None
+    if not shape or min(shape) >= 0:  # nothing symbolic (most shapes)
+        return tuple(shape)
     return tuple(d if d >= 0 else -1 for d in shape)
 
 

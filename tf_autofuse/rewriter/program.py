@@ -112,13 +112,13 @@ class FusedProgram:
                 return parse_axes(dict(inst.attrs)["axes"])
         return None
 
+    @functools.cached_property  # rendered once: the rewriter needs it for the Fusion and the node
+    def _text(self) -> str:
+        return "".join(line + "\n" for line in self.lines())
+
     def print(self) -> str:
         """The program text: one statement a line, each line ended by '\\n'."""
-        text = self.__dict__.get("_text")
-        if text is None:  # rendered once: the rewriter needs it for the Fusion and the node
-            text = "".join(line + "\n" for line in self.lines())
-            object.__setattr__(self, "_text", text)
-        return text
+        return self._text
 
     __str__ = print
 
