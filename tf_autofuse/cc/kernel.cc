@@ -62,7 +62,12 @@ using ::tensorflow::shape_inference::ShapeHandle;
 // splits it over the pool. Deciding as TensorFlow does matters in a model: a kernel kept inline
 // while the pool's threads idle lets them fall asleep, and the next MatMul pays to wake them
 // (a 2-layer transformer at batch 1 ran ~9 % slower with kernels of up to 300 us kept inline).
-// Runs below kTimedCost are not timed (too short to measure); from kProbeCost (~10 ms of work)
+// The estimate is the fastest rate any timed range showed, the pool's shards included, so it
+// only comes down. Timing the first two runs alone was not enough: in a fresh process on a busy
+// machine both can be many times slower than a warm run, and the example eleandreduce's
+// reduction (~10 us) was then split over the pool at every step, whose woken threads spun on
+// both cores (0.68x of TensorFlow's speed in the suite).
+// Ranges below kTimedCost are not timed (too short to measure); from kProbeCost (~10 ms of work)
 // the estimate alone sends a kernel to the pool, untimed.
 constexpr int64_t kTimedCost = 100'000;
 constexpr int64_t kProbeCost = 20'000'000;
@@ -472,20 +477,9 @@ class AutofuseKernelOp : public OpKernel {
                                    : 0;
     if (!inline_run && ns_per_cost == 0) inline_run = cost < kProbeCost;  // to be timed
     if (inline_run) {
-      const auto start = std::chrono::steady_clock::now();
-      interpreter_->RunItems(run, io, 0, num_items);
-      if (cost >= kTimedCost) {
-        const double ns = std::chrono::duration<double, std::nano>(
-                              std::chrono::steady_clock::now() - start).count();
-        // the fastest run seen: a run the OS preempted only looks slower
-        double seen = ns_per_cost_.load(std::memory_order_relaxed);
-        const double rate = ns / static_cast<double>(cost);
-        while ((seen == 0 || rate < seen) &&
-               !ns_per_cost_.compare_exchange_weak(seen, rate, std::memory_order_relaxed)) {
-        }
-        if (timed_runs_.load(std::memory_order_relaxed) < 2) {
-          timed_runs_.fetch_add(1, std::memory_order_relaxed);
-        }
+      RunTimed(run, io, 0, num_items, cost);
+      if (cost >= kTimedCost && timed_runs_.load(std::memory_order_relaxed) < 2) {
+        timed_runs_.fetch_add(1, std::memory_order_relaxed);
       }
       return;
     }
@@ -496,7 +490,31 @@ class AutofuseKernelOp : public OpKernel {
         num_items,
         tensorflow::thread::ThreadPool::SchedulingParams::Adaptive(
             std::max<int64_t>(1, static_cast<int64_t>(cycles_per_item))),
-        [&](int64_t first, int64_t last) { interpreter_->RunItems(run, io, first, last); });
+        [&](int64_t first, int64_t last) {
+          RunTimed(run, io, first, last, static_cast<int64_t>(per_item) * (last - first));
+        });
+  }
+
+  // Runs items [first, last) of `cost` cost units on this thread. A range of at least kTimedCost
+  // is timed and may lower the kernel's estimate: the fastest rate seen, since a range the OS
+  // preempted or that faulted in fresh memory only looks slower. Ranges run by the pool count
+  // too, so an estimate a slow first run made too high (a fresh process, a busy machine) comes
+  // down within a step or two instead of splitting a small kernel over the pool for good.
+  void RunTimed(const RunShape& run, const IoBuffers& io, int64_t first, int64_t last,
+                int64_t cost) {
+    if (cost < kTimedCost) {
+      interpreter_->RunItems(run, io, first, last);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    interpreter_->RunItems(run, io, first, last);
+    const double ns =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+    const double rate = ns / static_cast<double>(cost);
+    double seen = ns_per_cost_.load(std::memory_order_relaxed);
+    while ((seen == 0 || rate < seen) &&
+           !ns_per_cost_.compare_exchange_weak(seen, rate, std::memory_order_relaxed)) {
+    }
   }
 
   // A new output tensor: a large one from the output cache (output_cache.h), which reuses the
@@ -548,7 +566,7 @@ class AutofuseKernelOp : public OpKernel {
   std::unique_ptr<npu::Launcher> npu_;  // null: the CPU path only
   int32_t npu_device_ = 0;
   std::atomic<bool> npu_failed_{false};
-  std::atomic<double> ns_per_cost_{0};  // fastest timed inline run, ns per cost unit; 0: none yet
+  std::atomic<double> ns_per_cost_{0};  // fastest timed range, ns per cost unit; 0: none yet
   std::atomic<int> timed_runs_{0};     // timed inline runs, counted up to 2
   KernelProfile* profile_ = nullptr;    // --kernel_profile, else null
 };
