@@ -241,10 +241,10 @@ def _check(program: FusedProgram) -> list[str]:
         for operand in inst.operands:
             if isinstance(operand, Ref):
                 if operand.kind == "in" and 0 <= operand.index < n_in:
-                    operands.append((_REF, program.inputs[operand.index].dtype, "in",
+                    operands.append((_OPERAND_REF, program.inputs[operand.index].dtype, "in",
                                      axes_seen is not None and input_is_reduced(operand.index)))
                 elif operand.kind == "%" and 0 <= operand.index < len(value_dtypes):
-                    operands.append((_REF, value_dtypes[operand.index], "%",
+                    operands.append((_OPERAND_REF, value_dtypes[operand.index], "%",
                                      reduced[operand.index]))
                 else:
                     operands.append((_UNDEFINED, str(operand)))
@@ -267,7 +267,8 @@ def _check(program: FusedProgram) -> list[str]:
     return value_dtypes
 
 
-_REF, _UNDEFINED = "ref", "undefined"  # operand descriptions of _check (else: an immediate)
+# operand descriptions of _check (else: an immediate)
+_OPERAND_REF, _UNDEFINED = "ref", "undefined"
 
 
 def _instruction_outcome(op: str, attrs: tuple, operands: tuple, reducing: bool):
@@ -288,7 +289,7 @@ def _outcome(op: str, attrs: tuple, operands: tuple, reducing: bool):
     for role, operand in zip(roles, operands):
         if operand[0] == _UNDEFINED:
             return f"{operand[1]} is not defined above"
-        if operand[0] == _REF:
+        if operand[0] == _OPERAND_REF:
             has_value = True
             dtype = operand[1]
             if role == "bool" and dtype != "bool":
@@ -316,7 +317,7 @@ def _outcome(op: str, attrs: tuple, operands: tuple, reducing: bool):
     if DTYPES[dtype] not in spec.dtypes:
         return f"{op} does not take {dtype}"
     data = [o for role, o in zip(roles, operands) if role == "data"]
-    immediates = [o[1] for o in data if o[0] != _REF]
+    immediates = [o[1] for o in data if o[0] != _OPERAND_REF]
     if dtype == "i32" and any(isinstance(v, float) for v in immediates):
         return "an i32 instruction takes integer immediates only"
     if dtype != "bool" and any(isinstance(v, bool) for v in immediates):
@@ -349,11 +350,11 @@ def _outcome(op: str, attrs: tuple, operands: tuple, reducing: bool):
     is_reduced = False
     if spec.kind == catalog.REDUCE:
         first = operands[0]
-        if first[0] == _REF and first[2] == "%" and first[3]:
+        if first[0] == _OPERAND_REF and first[2] == "%" and first[3]:
             return "the operand of a reduction is a full value"
         is_reduced = True
     elif reducing:
-        is_reduced = all(o[0] != _REF or o[3] for o in operands)
+        is_reduced = all(o[0] != _OPERAND_REF or o[3] for o in operands)
     return result, is_reduced
 
 
