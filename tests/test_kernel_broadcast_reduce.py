@@ -250,6 +250,12 @@ BROADCASTS = [
     ([1], [300, 7], None),               # in0 is the stretched one
     ([0, 5], [5], None),                 # empty
     ([7], [1], None),
+    # a read row repeated along a stretched dimension (converted once, then copied by doubling):
+    ([3000, 3], [3], None),              # many tiny rows a tile, tiles starting mid-row
+    ([40, 3, 5], [40, 1, 5], None),      # the repeats stop at the dimension's end, carry outward
+    ([2, 700, 5], [2, 1, 5], None),      # the repeats cross a tile boundary
+    ([9, 50, 2, 11], [9, 1, 1, 11], None),  # collapsed to [9, 100, 11]
+    ([6, 5, 400, 3], [1, 5, 1, 3], None),   # stretched, read, stretched, read
 ]
 
 
@@ -562,7 +568,8 @@ def test_softmax(ops, dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "f64"])
-@pytest.mark.parametrize("shape", [(5000, 7), (300, 64), (40, 300), (3, 2000)])
+@pytest.mark.parametrize("shape", [(5000, 7), (300, 64), (40, 300), (3, 2000), (7000, 3),
+                                   (3000, 1)])
 def test_softmax_over_axis_0(ops, dtype, shape):
     """Reduced values read back over a leading axis (short inner blocks: several per tile)."""
     x = cast(np.random.default_rng(shape[0]).normal(0, 3, shape), dtype)

@@ -884,7 +884,6 @@ void StoreTile(DType dtype, const char* src, char* dst, int64_t valid, bool stre
 }
 
 // ---------------------------------------------------------------------------------------------
-// The operators, one function per family. `n` is a whole number of packets (see kPad); every
 // One element of a tensor of `dtype`, in the compute type, repeated n times.
 void Splat(DType dtype, const char* src, char* dst, int64_t n) {
   switch (dtype) {
@@ -927,10 +926,24 @@ void ConvertRun(DType dtype, const char* src, char* dst, int64_t n) {
   }
 }
 
+// Fills dst[unit, reps * unit) with reps - 1 more copies of dst[0, unit), doubling the copied
+// span each time: a few large memcpys instead of one small copy per repetition.
+void RepeatByDoubling(char* dst, int64_t unit, int64_t reps) {
+  int64_t filled = 1;
+  while (filled < reps) {
+    const int64_t n = std::min(filled, reps - filled);
+    std::memcpy(dst + filled * unit, dst, n * unit);
+    filled += n;
+  }
+}
+
 // Elements [offset, offset + valid) of an iteration space, read from a stretched input through
 // its plan, into a slot of the compute type; elements [valid, count) are zeroed. Walks the rows
 // of the innermost collapsed dimension: a read one is a contiguous run (copied), a stretched one
-// a single value (splat); the index arithmetic is per row, never per element.
+// a single value (splat); the index arithmetic is per row, never per element. Where a read row
+// sits in a stretched dimension (a [C] bias over [N, C], a [N, 1, C] scale over [N, HW, C]), the
+// following rows of that dimension are the same values: the row is converted once and repeated
+// by doubling.
 void BroadcastLoad(const BroadcastPlan& plan, DType dtype, const char* src, char* dst,
                    int64_t offset, int64_t valid, int64_t count) {
   const int rank = static_cast<int>(plan.dims.size());
@@ -946,8 +959,28 @@ void BroadcastLoad(const BroadcastPlan& plan, DType dtype, const char* src, char
   }
   const int64_t row = plan.dims[rank - 1];
   const int64_t row_stride = plan.strides[rank - 1];
+  const bool repeated_rows = rank >= 2 && row_stride != 0 && plan.strides[rank - 2] == 0;
+  // Moves the walk on to dimension d's next index, carrying into the outer dimensions.
+  auto carry = [&](int d) {
+    for (; d >= 0; --d) {
+      base += plan.strides[d];
+      if (++index[d] < plan.dims[d]) return;
+      base -= plan.dims[d] * plan.strides[d];
+      index[d] = 0;
+    }
+  };
   int64_t done = 0;
   while (done < valid) {
+    if (repeated_rows && index[rank - 1] == 0 && valid - done >= 2 * row) {
+      const int64_t reps = std::min(plan.dims[rank - 2] - index[rank - 2], (valid - done) / row);
+      char* out = dst + done * csize;
+      ConvertRun(dtype, src + base * esize, out, row);
+      RepeatByDoubling(out, row * csize, reps);
+      done += reps * row;
+      index[rank - 2] += reps - 1;  // base is unchanged: the dimension's stride is 0
+      carry(rank - 2);
+      continue;
+    }
     const int64_t run = std::min(row - index[rank - 1], valid - done);
     if (row_stride != 0) {
       ConvertRun(dtype, src + base * esize, dst + done * csize, run);
@@ -957,20 +990,16 @@ void BroadcastLoad(const BroadcastPlan& plan, DType dtype, const char* src, char
     done += run;
     index[rank - 1] += run;
     base += run * row_stride;
-    if (index[rank - 1] == row) {  // next row: carry into the outer dimensions
+    if (index[rank - 1] == row) {  // next row
       index[rank - 1] = 0;
       base -= row * row_stride;
-      for (int d = rank - 2; d >= 0; --d) {
-        base += plan.strides[d];
-        if (++index[d] < plan.dims[d]) break;
-        base -= plan.dims[d] * plan.strides[d];
-        index[d] = 0;
-      }
+      carry(rank - 2);
     }
   }
   std::memset(dst + valid * csize, 0, (count - valid) * csize);
 }
 
+// ---------------------------------------------------------------------------------------------
 // The operators, one function per family. `n` is a whole number of packets (see kPad); every
 // function is a single elementwise pass, so `out` may be the same buffer as an operand.
 
@@ -1755,7 +1784,11 @@ void AccumulateGroup(const Step& step, const char* src, char* acc, char* comp, i
 // Column-group mode: the inner vector of reduced values repeated for every block of the tile.
 template <typename T>
 void TileAs(const T* values, T* out, int64_t width, int64_t valid, int64_t count) {
-  for (int64_t j = 0; j * width < valid; ++j) std::copy_n(values, width, out + j * width);
+  const int64_t blocks = (valid + width - 1) / width;
+  if (blocks > 0) {
+    std::copy_n(values, width, out);
+    RepeatByDoubling(reinterpret_cast<char*>(out), width * sizeof(T), blocks);
+  }
   std::fill(out + valid, out + count, T(0));
 }
 
