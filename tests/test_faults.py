@@ -173,3 +173,33 @@ def test_working_setup_fuses_in_the_same_harness(tmp_path):
                    str(Path.home() / ".cache/tf_autofuse"))
     assert report["available"] is True and report["warnings"] == []
     assert len(report["kernels"]) == 3, report
+
+
+def _fake_compiler(path: Path, defines: str) -> str:
+    path.write_text("#!/bin/bash\n"
+                    f"case \"$*\" in *-dM*) printf '{defines}'; exit 0;; esac\n"
+                    "exit 1\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_avx512fp16_is_turned_off_only_where_the_compiler_enables_it(tmp_path):
+    # TensorFlow 2.21's bundled Eigen does not compile its AVX512-FP16 packets (g++ 12 on a
+    # Sapphire Rapids CPU: "expected initializer before '<'"), so the build turns the extension
+    # off exactly when -march=native would turn it on, and never passes the flag to a compiler
+    # that does not know it.
+    from tf_autofuse import _build
+
+    fp16 = _fake_compiler(tmp_path / "fp16-g++", "#define __AVX2__ 1\\n#define __AVX512FP16__ 1\\n")
+    plain = _fake_compiler(tmp_path / "plain-g++", "#define __AVX2__ 1\\n")
+    broken = tmp_path / "broken-g++"
+    broken.write_text("#!/bin/bash\nexit 1\n")
+    broken.chmod(0o755)
+    assert _build._native_exclusions(fp16) == ["-mno-avx512fp16"]
+    assert _build._native_exclusions(plain) == []
+    assert _build._native_exclusions(str(broken)) == []
+    # and the real compiler on this machine: the flag exactly when it defines the macro
+    real = _build._compiler()
+    defines = subprocess.run([real, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
+                             capture_output=True, text=True).stdout
+    assert (_build._native_exclusions(real) == ["-mno-avx512fp16"]) == ("__AVX512FP16__" in defines)

@@ -50,6 +50,23 @@ def sanitize() -> bool:
 _UNSANITIZED_SOURCES = frozenset({"optimizer.cc"})
 
 
+def _native_exclusions(cxx: str) -> list[str]:
+    """Instruction sets -march=native would enable that TensorFlow's bundled Eigen cannot build.
+
+    Eigen's AVX512-FP16 packet header, included whenever the compiler defines __AVX512FP16__
+    (Sapphire Rapids and later with g++ >= 12), does not compile in TensorFlow 2.21's copy
+    ("expected initializer before '<'" in PacketMathFP16.h). The kernels convert half with F16C
+    and compute in float, so they lose nothing without it. Asked of the compiler rather than read
+    from /proc/cpuinfo: a compiler that does not know the extension neither enables it nor
+    accepts the flag that turns it off.
+    """
+    probe = subprocess.run([cxx, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
+                           capture_output=True, text=True)
+    if probe.returncode == 0 and "__AVX512FP16__" in probe.stdout:
+        return ["-mno-avx512fp16"]
+    return []
+
+
 def _opt_flags(source: str = "") -> list[str]:
     if not sanitize():
         return list(_OPT_FLAGS)
@@ -133,10 +150,11 @@ def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], out: Pat
     sources = [p for p in _sources() if p.suffix == ".cc"]
     objects = []
     jobs = []
+    exclusions = _native_exclusions(cxx)
     for src in sources:
         obj = out.with_name(src.stem + ".o")
         objects.append(obj)
-        cmd = [cxx, *compile_flags, *_opt_flags(src.name), f"-I{include}", f"-I{HOST_DIR}", "-c",
+        cmd = [cxx, *compile_flags, *_opt_flags(src.name), *exclusions, f"-I{include}", f"-I{HOST_DIR}", "-c",
                str(src), "-o", str(obj)]
         jobs.append((src, cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                                 stderr=subprocess.STDOUT, text=True)))
