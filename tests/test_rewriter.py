@@ -1758,3 +1758,76 @@ def test_layer_norm_with_sub_and_square():
         "in0: f32[4,8,32]\nin1: f32[32]\nin2: f32[32]\n%0 = Mean in0 axes=[2]\n%1 = Sub in0, %0\n"
         "%2 = Square %1\n%3 = Mean %2 axes=[2]\n%4 = Add %3, 9.999999747378752e-06\n"
         "%5 = Rsqrt %4\n%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8\n")}
+
+
+# --- TensorFlow's own fused elementwise nodes (oneDNN's _MklSwish) -----------------------------
+#
+# With oneDNN on (x86 CPUs with AVX512-VNNI/BF16/AMX), Grappler's remapper turns x * sigmoid(x)
+# into one _MklSwish before this pass runs. The rewriter reads it as Sigmoid and Mul again.
+
+
+def _swish_after_add():
+    bias = np.linspace(-1, 1, 16).astype(np.float32)
+    return graph(placeholder("x", F32, (8, 16)), const("b", bias),
+                 node("add", "AddV2", ["x", "b"]), node("mul", "_MklSwish", ["add"]),
+                 node("y", "Identity", ["mul"])), bias
+
+
+def test_mkl_swish_fuses_as_sigmoid_and_mul(run_fused):
+    g, bias = _swish_after_add()
+    before = serialized(g)
+    result = rewriter.rewrite(g, preserve=["y"])
+    assert serialized(g) == before  # the input is never mutated
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == "autofuse_pointwise_0_AddV2_Sigmoid_Mul"
+    assert program_of(fused) == ("in0: f32[8,16]\nin1: f32[16]\n%0 = Add in0, in1\n"
+                                 "%1 = Sigmoid %0\n%2 = Mul %0, %1\nout0 = %2\n")
+    assert op_types(result.graph_def) == ["AutofuseKernel", "Const", "Identity", "Placeholder"]
+    assert list(by_name(result.graph_def)["y"].input) == [fused.name]
+    # numbers: the rewritten graph against float64 (the original's _MklSwish runs only with
+    # oneDNN, so the reference is numpy's)
+    x = _uniform(3, (8, 16), low=-6, high=6)
+    (got,) = run_fused(result.graph_def, ["y"], {"x": x})
+    h = x.astype(np.float64) + bias
+    np.testing.assert_allclose(got, h / (1 + np.exp(-h)), rtol=2e-6, atol=1e-7)
+
+
+def test_a_lone_mkl_swish_keeps_tensorflows_kernel():
+    # nothing to fuse it with (a MatMul on each side): our kernel would only replace oneDNN's
+    g = graph(placeholder("x", F32, (4, 4)), node("m1", "MatMul", ["x", "x"]),
+              node("s", "_MklSwish", ["m1"]), node("m2", "MatMul", ["s", "s"]),
+              node("x2", "Abs", ["x"]), node("x3", "Relu", ["x2"]))
+    result = rewriter.rewrite(g, preserve=["m2", "x3"])
+    nodes = by_name(result.graph_def)
+    assert [f.name for f in result.fusions] == ["autofuse_pointwise_0_Abs_Relu"]
+    assert nodes["s"].op == "_MklSwish" and list(nodes["s"].input) == ["m1"]
+    assert "Sigmoid" not in op_types(result.graph_def) and "Mul" not in op_types(result.graph_def)
+    reasons = {r.node: r.reason for r in result.refusals}
+    assert reasons["s"] == "only the parts of one _MklSwish (s): already one kernel"
+
+
+def test_an_unfused_mkl_swish_is_put_back_whole():
+    # the skip list keeps the swish's Mul out; its Sigmoid alone is not fused: the original node
+    # comes back, with its name, input, control input and device
+    g = graph(placeholder("x", F32, (4, 3)), node("a", "Abs", ["x"]), node("r", "Relu", ["a"]),
+              node("s", "_MklSwish", ["r", "^a"], device=CPU0), node("out", "Identity", ["s"]))
+    g.node[3].attr["_kernel"].s = b"MklNameChangeOp"
+    skip = types.SimpleNamespace(names=frozenset({"s"}), types=frozenset())
+    result = rewriter.rewrite(g, preserve=["out"],
+                              flags=types.SimpleNamespace(skip_node_names_cfg=skip))
+    (fused,) = fused_nodes(result.graph_def)
+    assert fused.name == "autofuse_pointwise_0_Abs_Relu"
+    swish = by_name(result.graph_def)["s"]
+    assert swish.op == "_MklSwish" and swish.device == CPU0
+    assert swish.attr["_kernel"].s == b"MklNameChangeOp"
+    assert list(swish.input) == [fused.name, "^" + fused.name]
+    assert op_types(result.graph_def) == ["AutofuseKernel", "Identity", "Placeholder", "_MklSwish"]
+
+
+def test_mkl_swish_with_a_taken_sigmoid_name():
+    g = graph(placeholder("x", F32, (4, 3)), node("a", "Abs", ["x"]),
+              node("s", "_MklSwish", ["a"]), node("s/Sigmoid", "Exp", ["s"]))
+    result = rewriter.rewrite(g, preserve=["s/Sigmoid"])
+    (fusion,) = result.fusions
+    assert fusion.op_types == ("Abs", "Sigmoid", "Mul", "Exp")
+    assert fusion.nodes == ("a", "s", "s/Sigmoid")  # the caller's names

@@ -281,5 +281,11 @@ def test_clip_by_value_keeps_the_sign_of_a_zero_like_tensorflow(dtype):
     unfused, _ = run(build, feeds, fuse=False)
     assert fused_kernels(executed) and "ClipByValue" not in executed.values()
     for got, want in zip(fused, unfused):
-        np.testing.assert_array_equal(got, want)
-    assert np.isneginf(unfused[0][0]) and np.isposinf(unfused[0][1])  # the sign survived
+        # the signs (of the zeros, hence of the infinities) exactly; the finite values to an ulp:
+        # TensorFlow's Reciprocal is not correctly rounded everywhere (with AVX-512, Eigen's
+        # rcp14 plus one Newton step gives 1 / 1 = 0.99999994)
+        assert np.array_equal(np.signbit(got), np.signbit(want)), (got, want)
+        assert np.array_equal(np.isinf(got), np.isinf(want)), (got, want)
+        finite = np.isfinite(want)
+        np.testing.assert_array_max_ulp(got[finite], want[finite], maxulp=1)
+    assert np.isneginf(fused[0][0]) and np.isposinf(fused[0][1])  # the sign survived

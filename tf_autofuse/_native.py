@@ -26,6 +26,7 @@ def load():
             import tensorflow as tf
 
             from .rewriter import catalog
+            from .rewriter.unfold import FOLDED_OPS
 
             path = _build.library_path()
             if _build.sanitize() and "libasan" not in os.environ.get("LD_PRELOAD", ""):
@@ -38,7 +39,7 @@ def load():
                 module = tf.load_op_library(str(path))
                 cdll = ctypes.CDLL(str(path))
                 # The bridge skips graphs holding none of these op types without calling Python.
-                names = ",".join(sorted(catalog.candidate_op_types()))
+                names = ",".join(sorted(catalog.candidate_op_types() | FOLDED_OPS))
                 cdll.autofuse_set_candidate_ops(names.encode())
             except (tf.errors.OpError, OSError, AttributeError) as err:
                 # a truncated or foreign file, a library built for another TensorFlow, a

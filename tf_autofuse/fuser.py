@@ -30,7 +30,7 @@ from tensorflow.core.framework import graph_pb2
 from . import profiling, rewriter
 from .flags import COST_MODELS as _FLAG_COST_MODELS
 from .flags import PASSES
-from .rewriter import catalog, cost
+from .rewriter import catalog, cost, unfold
 from .rewriter.graph import GraphView, merge_shapes, node_name
 from .rewriter.patterns import Pattern
 
@@ -397,7 +397,8 @@ def _sinks(graph_def) -> list:
 # Output 0 has input 0's shape.
 _SAME_SHAPE = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradient",
                          "CheckNumerics", "Softmax", "LogSoftmax", "FusedBatchNorm",
-                         "FusedBatchNormV2", "FusedBatchNormV3", "EnsureShape"})
+                         "FusedBatchNormV2", "FusedBatchNormV3", "EnsureShape",
+                         "_MklSwish"})
 # Output 0's first dimension is input 0's first (the batch of NHWC/NCHW ops); MatMul: rows.
 _BATCH_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MaxPool", "AvgPool",
                         "MaxPool3D", "AvgPool3D", "MatMul", "ResizeBilinear",
@@ -491,10 +492,11 @@ _AUTO_NAME = re.compile(r"^autofuse_(?:pointwise|reduce)_\d+_(.+)$")
 
 
 def node_operators(node) -> int:
-    """Operators of one non-fused node: a _UnaryOpsComposition counts its op_names."""
+    """Operators of one non-fused node: a _UnaryOpsComposition counts its op_names, a
+    _MklSwish its two."""
     if node.op == catalog.COMPOSITION_OP and "op_names" in node.attr:
         return max(1, len(node.attr["op_names"].list.s))
-    return 1
+    return unfold.OPERATORS.get(node.op, 1)
 
 
 def fused_operators(node, known: Optional[Mapping[str, int]] = None) -> int:

@@ -5,6 +5,7 @@
     partition.py  which nodes fuse (policy, with a reason for every refusal)
     cost.py       the cost models the partitioner may consult (memory_bandwidth, ...)
     patterns.py   user patterns (Pattern), run before the partitioner
+    unfold.py     TensorFlow's fused elementwise nodes (oneDNN's _MklSwish) read as their ops
     lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
     scope.py      disable_autofuse(): the attr that keeps nodes out of every fusion
     naming.py     autofuse_<kind>_<n>_<Op>_<Op>...
@@ -25,6 +26,7 @@ from .naming import Namer
 from .partition import Policy, Refusal, find_groups, plan_recomputation
 from .patterns import Pattern, PatternGraph, apply_patterns
 from .splice import FUSED_OP, Planned, splice
+from .unfold import FOLDED_OPS, alone, original_names, refold_graph, unfold_graph
 
 DEFAULT_MAX_FUSION_SIZE = 64
 DEFAULT_MAX_INPUTS = 8
@@ -37,7 +39,7 @@ __all__ = ["Fusion", "Pattern", "PatternGraph", "Refusal", "Rewrite", "rewrite",
 class Fusion:
     name: str  # the AutofuseKernel node
     kind: str  # "pointwise", "reduce", or "pattern" (claimed by a user Pattern)
-    nodes: tuple  # original node names, topological order
+    nodes: tuple  # original node names, topological order (an unfolded _MklSwish: its name)
     op_types: tuple  # TF op types, in program order (recomputed copies included)
     program: str  # the program text
     absorbed: tuple = ()  # view nodes (Reshape, ...) read through and removed from the graph
@@ -92,22 +94,24 @@ def rewrite(
     feeds: node names the caller feeds; they are never fused.
     patterns: user Patterns, run before the partitioner (patterns.py); their kernels come first.
     """
+    source = graph_def
     preserve = frozenset(node_name(p) for p in preserve)
     feeds = frozenset(node_name(f) for f in feeds)
     policy = dataclasses.replace(policy_from_flags(flags, preserve), feeds=feeds)
 
     def unchanged() -> graph_pb2.GraphDef:  # a copy, made only when nothing is fused
         copy = graph_pb2.GraphDef()
-        copy.CopyFrom(graph_def)
+        copy.CopyFrom(source)
         return copy
 
-    candidates = catalog.candidate_op_types()
+    candidates = catalog.candidate_op_types() | FOLDED_OPS
     patterns = tuple(patterns or ())
     auto = policy.auto and policy.pointwise
     if policy.max_fusion_size <= 0 or not (auto or patterns) or not any(
             node.op in candidates for node in graph_def.node):
         return Rewrite(unchanged(), [], [])
 
+    graph_def, shapes, unfolded = unfold_graph(source, shapes)
     view = GraphView(graph_def, shapes)
 
     def absorbable(name: str, members) -> bool:
@@ -125,6 +129,13 @@ def rewrite(
         policy = dataclasses.replace(policy, excluded=tuple(excluded.items()))
     if auto:
         groups, auto_refusals = find_groups(view, feeds, policy=policy)
+        for group in list(groups) if unfolded else ():
+            lone = alone(group.members, unfolded)
+            if lone is not None:
+                groups.remove(group)
+                auto_refusals.extend(Refusal(m, f"only the parts of one {lone.original.op} "
+                                                f"({lone.original.name}): already one kernel")
+                                     for m in group.members)
         refusals = refusals + auto_refusals
         if groups:
             served = plan_recomputation(view, groups, policy, refusals)
@@ -138,7 +149,8 @@ def rewrite(
         keep = frozenset(m for m in claim.members if keeps_name(view, m, preserve))
         plans.append(Planned(name, claim.members, view.device(claim.members[0]), claim.lowered,
                              keep))
-        fusions.append(Fusion(name, "pattern", claim.members, claim.lowered.op_types,
+        fusions.append(Fusion(name, "pattern", original_names(claim.members, unfolded),
+                              claim.lowered.op_types,
                               claim.lowered.program.print(), claim.lowered.absorbed))
     for group in groups:
         if not group.private and not served and not reads_view_node(view, group.lowered):
@@ -156,10 +168,10 @@ def rewrite(
         keep = frozenset(m for m in group.members if keeps_name(view, m, preserve))
         plans.append(Planned(name, tuple(group.members), group.device, lowered, keep))
         fusions.append(
-            Fusion(name, lowered.kind, tuple(group.members), lowered.op_types,
+            Fusion(name, lowered.kind, original_names(group.members, unfolded), lowered.op_types,
                    lowered.program.print(), lowered.absorbed)
         )
-    return Rewrite(splice(view, plans, preserve | feeds), fusions, refusals)
+    return Rewrite(refold_graph(splice(view, plans, preserve | feeds), unfolded), fusions, refusals)
 
 
 def optimize(
