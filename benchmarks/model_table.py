@@ -4,6 +4,7 @@ tf_autofuse and XLA, each (model, mode) in a fresh process.
     python benchmarks/model_table.py                       # ResNet50, MobileNetV2, EfficientNetB0, transformer
     python benchmarks/model_table.py --models transformer --steps 50 --json table.json
     python benchmarks/model_table.py --smoke               # tiny transformer, 2 steps (CI)
+    python benchmarks/model_table.py --modes tf,autofuse --rounds 6 --steps 3   # first calls
 
 Models (benchmarks/workloads.py, weights=None, seeded, batch --batch): Keras ResNet50,
 MobileNetV2 and EfficientNetB0 (224x224x3, logits) and the suite's 2-layer transformer encoder
@@ -129,8 +130,8 @@ def child_env(mode: str) -> dict:
     return env
 
 
-def run_cell(model: str, mode: str, args, out_dir: str) -> dict:
-    out_path = str(Path(out_dir) / f"{model}_{mode}.npy")
+def run_cell(model: str, mode: str, args, out_dir: str, tag: str = "") -> dict:
+    out_path = str(Path(out_dir) / f"{model}_{mode}{tag}.npy")
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", model, mode,
                "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
                str(args.warmup), "--out", out_path] + (["--smoke"] if args.smoke else [])
@@ -161,6 +162,40 @@ def compare(cells: list) -> None:
         scale = float(np.max(np.abs(ref))) or 1.0
         cell["max_rel_diff"] = (float(np.max(np.abs(out - ref))) / scale
                                 if out.shape == ref.shape else float("inf"))
+
+
+def merge_rounds(runs: list) -> dict:
+    """One cell from the rounds of one (model, mode): medians of the first call and of the
+    latency, each round's values kept; the largest output difference of any round."""
+    ok = [c for c in runs if "error" not in c]
+    if not ok:
+        return runs[0]
+    cell = dict(ok[0])
+    for key in ("first_ms", "median_ms"):
+        cell[key + "_rounds"] = [c[key] for c in ok]
+        cell[key] = statistics.median(cell[key + "_rounds"])
+    diffs = [c.get("max_rel_diff") for c in ok]
+    cell["max_rel_diff"] = None if None in diffs else max(diffs)
+    cell["rounds"] = len(ok)
+    cell["errors"] = [c["error"] for c in runs if "error" in c]
+    return cell
+
+
+def first_call_summary(rounds: list) -> str:
+    """Per model: the autofuse process's first call minus the tf process's of the same round."""
+    lines = []
+    for model in dict.fromkeys(c["model"] for cells in rounds for c in cells):
+        deltas = []
+        for cells in rounds:
+            by_mode = {c["mode"]: c for c in cells if c["model"] == model and "error" not in c}
+            if "tf" in by_mode and "autofuse" in by_mode:
+                deltas.append(by_mode["autofuse"]["first_ms"] - by_mode["tf"]["first_ms"])
+        if deltas:
+            lines.append(f"  {wl.MODEL_NAMES.get(model, model)}: median "
+                         f"{statistics.median(deltas):+.0f} ms (rounds: "
+                         f"{', '.join(f'{d:+.0f}' for d in deltas)})")
+    return ("first call, tf_autofuse minus TensorFlow in the same round:\n" + "\n".join(lines)
+            if lines else "")
 
 
 def markdown(cells: list) -> str:
@@ -195,12 +230,18 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the cells as JSON")
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny transformer only ([16,32]), 2 steps: checks the script")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="fresh processes per (model, mode), the modes' order rotated each "
+                             "round; the table shows medians, and the first-call difference "
+                             "to TensorFlow is printed per round (default 1)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.steps = args.steps if args.steps is not None else (2 if args.smoke else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 3)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     if args.worker:
         model, mode = args.worker
@@ -217,24 +258,36 @@ def main(argv=None) -> int:
             parser.error(f"unknown {name} {bad[0]!r}; accepted: {', '.join(allowed)}")
     if "tf" in modes:
         modes = ["tf"] + [m for m in modes if m != "tf"]
-    cells = []
+    rounds = []
     with tempfile.TemporaryDirectory(prefix="model_table_") as out_dir:
-        for model in models:
-            for mode in modes:
-                print(f"{model} / {mode} ...", file=sys.stderr, flush=True)
-                cells.append(run_cell(model, mode, args, out_dir))
-        compare(cells)
-    for cell in cells:
-        cell.pop("output", None)
+        for r in range(args.rounds):
+            cells = []
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
+            for model in models:
+                for mode in order:
+                    print(f"round {r + 1}/{args.rounds}: {model} / {mode} ...", file=sys.stderr,
+                          flush=True)
+                    cells.append(run_cell(model, mode, args, out_dir, f".r{r}"))
+            compare(cells)
+            for cell in cells:
+                cell.pop("output", None)
+            rounds.append(cells)
+    cells = [merge_rounds([c for cells_r in rounds for c in cells_r
+                           if c["model"] == model and c["mode"] == mode])
+             for model in models for mode in modes]
     print(f"batch {args.batch}, {args.steps} timed calls after {args.warmup} warm-up calls, "
-          f"each (model, mode) in a fresh process{', SMOKE sizes' if args.smoke else ''}\n")
+          f"each (model, mode) in a fresh process{', SMOKE sizes' if args.smoke else ''}"
+          + (f", {args.rounds} rounds (medians)" if args.rounds > 1 else "") + "\n")
     print(markdown(cells))
+    summary = first_call_summary(rounds)
+    if summary:
+        print("\n" + summary)
     if args.json:
         Path(args.json).write_text(json.dumps({"options": {
             "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "smoke": args.smoke,
-            "autofuse_flags": harness.AUTOFUSE_FLAGS_WANTED, "xla_flags": harness.XLA_FLAGS},
-            "cells": cells}, indent=1))
-    return 1 if any("error" in c for c in cells) else 0
+            "rounds": args.rounds, "autofuse_flags": harness.AUTOFUSE_FLAGS_WANTED,
+            "xla_flags": harness.XLA_FLAGS}, "cells": cells}, indent=1))
+    return 1 if any("error" in c for cells_r in rounds for c in cells_r) else 0
 
 
 if __name__ == "__main__":

@@ -71,3 +71,33 @@ def test_ab_models_refuses_a_micro_workload(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/ab_models.py"), "gelu"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "'gelu' is not a model workload" in proc.stderr
+
+
+def test_model_table_rounds_give_medians_and_first_call_differences(tmp_path):
+    """--rounds: each (model, mode) once per round in its own process, the modes' order rotated;
+    the cell holds every round's first call and latency and their medians."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "TF_XLA_FLAGS")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    out = tmp_path / "rounds.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/model_table.py"), "--smoke",
+                           "--modes", "tf,autofuse", "--rounds", "2", "--json", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "round 1/2: transformer / tf" in proc.stderr
+    assert proc.stderr.index("round 2/2: transformer / autofuse") < \
+        proc.stderr.index("round 2/2: transformer / tf")  # rotated
+    data = json.loads(out.read_text())
+    assert data["options"]["rounds"] == 2
+    cells = {c["mode"]: c for c in data["cells"]}
+    assert list(cells) == ["tf", "autofuse"]
+    for cell in cells.values():
+        assert cell["rounds"] == 2 and cell["errors"] == []
+        assert len(cell["first_ms_rounds"]) == len(cell["median_ms_rounds"]) == 2
+        low, high = sorted(cell["first_ms_rounds"])
+        assert cell["first_ms"] == (low + high) / 2
+    assert cells["autofuse"]["fused"] > 0 and cells["autofuse"]["max_rel_diff"] <= 1e-4
+    deltas = [a - t for a, t in zip(cells["autofuse"]["first_ms_rounds"],
+                                    cells["tf"]["first_ms_rounds"])]
+    line = next(l for l in proc.stdout.splitlines() if "2-layer transformer encoder: median" in l)
+    assert line.endswith("(rounds: " + ", ".join(f"{d:+.0f}" for d in deltas) + ")")
