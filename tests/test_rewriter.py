@@ -1804,6 +1804,8 @@ def test_a_lone_mkl_swish_keeps_tensorflows_kernel():
     assert "Sigmoid" not in op_types(result.graph_def) and "Mul" not in op_types(result.graph_def)
     reasons = {r.node: r.reason for r in result.refusals}
     assert reasons["s"] == "only the parts of one _MklSwish (s): already one kernel"
+    twice = rewriter.rewrite(result.graph_def, preserve=["m2", "x3"])  # the pass is idempotent
+    assert not twice.fusions and serialized(twice.graph_def) == serialized(result.graph_def)
 
 
 def test_an_unfused_mkl_swish_is_put_back_whole():
@@ -1822,6 +1824,9 @@ def test_an_unfused_mkl_swish_is_put_back_whole():
     assert swish.attr["_kernel"].s == b"MklNameChangeOp"
     assert list(swish.input) == [fused.name, "^" + fused.name]
     assert op_types(result.graph_def) == ["AutofuseKernel", "Identity", "Placeholder", "_MklSwish"]
+    twice = rewriter.rewrite(result.graph_def, preserve=["out"],
+                             flags=types.SimpleNamespace(skip_node_names_cfg=skip))
+    assert not twice.fusions and serialized(twice.graph_def) == serialized(result.graph_def)
 
 
 def test_mkl_swish_with_a_taken_sigmoid_name():
