@@ -4,7 +4,7 @@ A node is a candidate when the catalog supports its op for its dtype (a
 `_UnaryOpsComposition` when it supports every op of `op_names`), the pass of its kind is on
 (reductions need `--autofuse_enable_pass=reduce`), it sits on a CPU, the caller does not feed
 it, and it is not inside `disable_autofuse()` nor listed in `--skip_node_names_cfg`. Whether it
-lowers to a valid program (lower.build: shapes that provably broadcast, Const axes, ...) is
+lowers to a valid program (lower.check: shapes that provably broadcast, Const axes, ...) is
 checked for every merge (the union is lowered), and on its own only for a node left alone or
 when a cost model weighs a merge: a node that does not lower alone (x - max(x) of an input of
 unknown batch size: the max, read from outside, has sizes of its own) may lower with its
@@ -14,7 +14,7 @@ Groups grow greedily in topological order: each candidate starts a group of its 
 takes in the group of each of its data producers, one at a time, unless the two differ in
 device, the result would pass `max_fusion_size` compute ops or `max_inputs` inputs, contracting
 the result into one node would close a cycle (a path that leaves the group and comes back to
-it), or the union does not lower (lower.build says why). Every "no" is recorded as
+it), or the union does not lower (lower.check says why). Every "no" is recorded as
 (node, reason).
 
 With `recomputation_threshold` N > 0, a group that reads a value another group computes takes
@@ -32,7 +32,7 @@ from typing import AbstractSet, Iterable, NamedTuple, Optional
 
 from . import catalog, cost
 from .graph import GraphView, node_name
-from .lower import Lowered, Unfusible, build, compute_ops
+from .lower import Lowered, Unfusible, build, check, compute_ops
 from .scope import ATTR as DISABLE_ATTR
 
 
@@ -63,7 +63,9 @@ class Group:
     dtype: int  # the compute dtype of the first member (for information)
     device: str
     size: int  # compute ops (a _UnaryOpsComposition counts len(op_names))
-    lowered: Optional[Lowered] = None  # the program of the members (no absorption)
+    # the program of the members (no absorption); while find_groups runs, lower.check's
+    # Checked may stand for it
+    lowered: Optional[Lowered] = None
     private: list = dataclasses.field(default_factory=list)  # recomputed copies
 
 
@@ -175,7 +177,7 @@ def find_groups(
         name = group.members[0]
         if group.lowered is None and len(group.members) == 1 and name not in alone:
             try:
-                group.lowered = build(view, [name], policy.preserve, feeds=policy.feeds)
+                group.lowered = check(view, [name], policy.preserve, feeds=policy.feeds)
             except Unfusible as err:
                 alone[name] = str(err)
                 if alone[name].startswith(f"{name}: "):
@@ -234,6 +236,8 @@ def find_groups(
         group.members.sort(key=view.position.get)
         lower_alone(group)
         if group.size >= 2 and group.lowered is not None:
+            if not isinstance(group.lowered, Lowered):  # lower.check's: the program now
+                group.lowered = build(view, group.members, policy.preserve, feeds=policy.feeds)
             groups.append(group)
         elif len(group.members) == 1 and group.members[0] in alone:
             refusals.append(Refusal(group.members[0], alone[group.members[0]]))
@@ -257,7 +261,7 @@ def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Polic
     if through is not None:
         return f"would create a cycle through {through}", None
     try:
-        lowered = build(view, sorted(members, key=view.position.get), policy.preserve,
+        lowered = check(view, sorted(members, key=view.position.get), policy.preserve,
                         feeds=policy.feeds)
     except Unfusible as err:
         return f"cannot join {producer}'s group: {err}", None
