@@ -63,8 +63,8 @@ class Group:
     dtype: int  # the compute dtype of the first member (for information)
     device: str
     size: int  # compute ops (a _UnaryOpsComposition counts len(op_names))
-    # the program of the members (no absorption); while find_groups runs, lower.check's
-    # Checked may stand for it
+    # the members' lowering (no absorption): a Lowered, or lower.check's Checked (inputs,
+    # outputs, dtypes) until `lowering` builds the program
     lowered: Optional[Lowered] = None
     private: list = dataclasses.field(default_factory=list)  # recomputed copies
 
@@ -155,7 +155,8 @@ def find_groups(
     view: GraphView, feeds: Iterable[str] = (), max_fusion_size: int = 64,
     policy: Optional[Policy] = None,
 ) -> tuple[list[Group], list[Refusal]]:
-    """Groups of 2 compute ops or more, in topological order of their first member."""
+    """Groups of 2 compute ops or more, in topological order of their first member; each
+    group's `lowered` may be lower.check's Checked (`lowering` gives the program)."""
     if policy is None:
         policy = Policy(max_fusion_size=max_fusion_size)
     if policy.max_fusion_size <= 0 or not policy.pointwise:
@@ -236,8 +237,6 @@ def find_groups(
         group.members.sort(key=view.position.get)
         lower_alone(group)
         if group.size >= 2 and group.lowered is not None:
-            if not isinstance(group.lowered, Lowered):  # lower.check's: the program now
-                group.lowered = build(view, group.members, policy.preserve, feeds=policy.feeds)
             groups.append(group)
         elif len(group.members) == 1 and group.members[0] in alone:
             refusals.append(Refusal(group.members[0], alone[group.members[0]]))
@@ -245,6 +244,15 @@ def find_groups(
             refusals.append(Refusal(group.members[0], "no fusible neighbour"))
     groups.sort(key=lambda g: view.position[g.members[0]])
     return groups, refusals
+
+
+def lowering(view: GraphView, group: Group, policy: Policy) -> Lowered:
+    """The group's program without absorption: group.lowered, built first when it is lower.
+    check's Checked (most groups of a model are lowered with absorption instead, so
+    find_groups does not build it). `policy`: the one find_groups ran with, feeds included."""
+    if not isinstance(group.lowered, Lowered):
+        group.lowered = build(view, group.members, policy.preserve, feeds=policy.feeds)
+    return group.lowered
 
 
 def _too_many(count: int, policy: Policy) -> str:
@@ -324,6 +332,8 @@ def plan_recomputation(view: GraphView, groups: list, policy: Policy,
     served: dict[str, set] = {}
     if policy.recomputation_threshold <= 0:
         return served
+    for group in groups:  # a lowering to fall back on
+        lowering(view, group, policy)
     owner = {m: g for g in groups for m in g.members}
     for group in groups:
         members = set(group.members)
