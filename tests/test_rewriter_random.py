@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 
 from tf_autofuse import rewriter
+from tf_autofuse.rewriter import catalog, lower
 from test_rewriter import _expand_fused, _run, const, graph, node, placeholder
 
 F64 = types_pb2.DT_DOUBLE
@@ -157,3 +158,52 @@ def test_random_graph_keeps_its_numbers(seed, unknown):
         np.testing.assert_allclose(v, w, rtol=1e-12, atol=1e-12, err_msg=name)
     again = rewriter.rewrite(result.graph_def, preserve=fetches, flags=flags)
     assert not again.fusions
+
+
+def _check_or_build(function, view, members):
+    """What lower.check / lower.build tell of `members`: the refusal, or what a merge reads."""
+    try:
+        lowered = function(view, members, frozenset(members[-1:]))
+    except lower.Unfusible as err:
+        return str(err)
+    return (lowered.inputs, lowered.outputs, lowered.in_dtypes, lowered.out_dtypes, lowered.kind)
+
+
+def _agree_on_subsets(g, rng, trials):
+    view = rewriter.GraphView(g)
+    types = catalog.candidate_op_types()
+    candidates = [n for n in view.order if view.node(n).op in types]
+    for _ in range(trials):
+        size = int(rng.integers(1, min(5, len(candidates)) + 1))
+        picks = rng.choice(len(candidates), size=size, replace=False)
+        members = sorted((candidates[i] for i in picks), key=view.position.get)
+        # fresh views: neither answer may lean on the other's memo
+        want = _check_or_build(lower.build, rewriter.GraphView(g), members)
+        assert _check_or_build(lower.check, rewriter.GraphView(g), members) == want, members
+
+
+@pytest.mark.parametrize("unknown", [False, True])
+@pytest.mark.parametrize("seed", range(25))
+def test_check_agrees_with_build(seed, unknown):
+    """lower.check (the partitioner's trial merges) refuses what build refuses, with build's
+    reason, and otherwise gives build's inputs, outputs and dtypes."""
+    g, _, _ = random_graph(seed, unknown)
+    _agree_on_subsets(g, np.random.default_rng(2000 + seed), 30)
+
+
+def test_check_agrees_with_build_where_emission_or_the_program_fails():
+    """A LeakyRelu whose alpha is not finite fails in emission; a Cast to float32 read by an
+    AddV2 of float64 (a graph TF would reject) fails the program's dtype check."""
+    leaky = node("leaky", "LeakyRelu", ["x"], F64)
+    leaky.attr["alpha"].f = float("inf")
+    cast = node("cast", "Cast", ["x"], None)
+    cast.attr["SrcT"].type = F64
+    cast.attr["DstT"].type = types_pb2.DT_FLOAT
+    g = graph(placeholder("x", F64, (3, 4)), node("abs", "Abs", ["x"], F64), leaky, cast,
+              node("add", "AddV2", ["cast", "abs"], F64), node("neg", "Neg", ["leaky"], F64))
+    for members in (["leaky"], ["leaky", "neg"], ["abs", "leaky", "neg"], ["cast", "add"],
+                    ["abs", "cast", "add"]):
+        want = _check_or_build(lower.build, rewriter.GraphView(g), members)
+        assert isinstance(want, str), members
+        assert _check_or_build(lower.check, rewriter.GraphView(g), members) == want
+    _agree_on_subsets(g, np.random.default_rng(7), 40)

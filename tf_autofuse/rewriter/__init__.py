@@ -23,7 +23,7 @@ from . import catalog, cost
 from .graph import GraphView, Shape, node_name
 from .lower import Unfusible, build, keeps_name, reads_view_node
 from .naming import Namer
-from .partition import Policy, Refusal, find_groups, plan_recomputation
+from .partition import Policy, Refusal, find_groups, lowering, plan_recomputation
 from .patterns import Pattern, PatternGraph, apply_patterns
 from .splice import FUSED_OP, Planned, splice
 from .unfold import FOLDED_OPS, alone, original_names, refold_graph, unfold_graph
@@ -156,14 +156,14 @@ def rewrite(
         if not group.private and not served and not reads_view_node(view, group.lowered):
             # the partitioner's lowering of exactly these members is this build's result:
             # only an input a view node produces could be absorbed (read through) here
-            lowered = group.lowered
+            lowered = lowering(view, group, policy)
         else:
             members = sorted(set(group.members) | set(group.private), key=view.position.get)
             try:
                 lowered = build(view, members, preserve, private=set(group.private),
                                 served=served, absorbable=absorbable, feeds=feeds)
             except Unfusible:
-                lowered = group.lowered
+                lowered = lowering(view, group, policy)
         name = namer.name(lowered.kind, lowered.op_types)
         keep = frozenset(m for m in group.members if keeps_name(view, m, preserve))
         plans.append(Planned(name, tuple(group.members), group.device, lowered, keep))

@@ -276,29 +276,40 @@ class GraphView:
     def tensor_shape(self, tensor: Tensor) -> Shape:
         return self.output_shape(*tensor) if tensor[0] in self._by_name else None
 
+    def _recorded_shapes(self) -> dict[str, list[Shape]]:
+        """The `_output_shapes` attr of each node that has one, read once per graph (each
+        proto field read makes new Python objects)."""
+        key = "_output_shapes"
+        return {name: [shape_from_proto(p) for p in node.attr[key].list.shape]
+                for name, node in zip(self._names, self.nodes) if key in node.attr}
+
     def _static_shapes(self, given: Mapping[str, Sequence[Shape]]) -> dict[str, list[Shape]]:
-        given = self._resolve_symbols(given)
+        recorded = self._recorded_shapes()
+        given = self._resolve_symbols(given, recorded)
         shapes: dict[str, list[Shape]] = {}
         for name in self.order:
             i = self._index[name]
             node, op = self.nodes[i], self._ops[i]
             known = [tuple(s) if s is not None else None for s in given.get(name, ())]
-            if "_output_shapes" in node.attr:
-                attr = [shape_from_proto(s) for s in node.attr["_output_shapes"].list.shape]
-                known = _merge_lists(known, attr)
-            # merging None changes nothing but a trailing None, which is dropped below
-            own = self._own_shape(node, op)
-            if own is not None:
-                known = _merge_lists(known, [own])
-            propagated = self._propagated_shape(node, op, shapes)
-            if propagated is not None:
-                known = _merge_lists(known, [propagated])
+            if name in recorded:
+                known = _merge_lists(known, recorded[name])
+            # Own and propagated shapes are of output 0, and merge_shapes keeps a first
+            # shape whose sizes are all known: then neither can change anything.
+            if not (known and _fully_known(known[0])):
+                # merging None changes nothing but a trailing None, which is dropped below
+                own = self._own_shape(node, op)
+                if own is not None:
+                    known = _merge_lists(known, [own])
+                propagated = self._propagated_shape(node, op, shapes)
+                if propagated is not None:
+                    known = _merge_lists(known, [propagated])
             while known and known[-1] is None:
                 known.pop()
             shapes[name] = known
         return shapes
 
-    def _resolve_symbols(self, given: Mapping[str, Sequence[Shape]]) -> dict:
+    def _resolve_symbols(self, given: Mapping[str, Sequence[Shape]],
+                         recorded: Mapping[str, list[Shape]]) -> dict:
         """The caller's symbolic sizes (<= -2) that a node's own shape (`_output_shapes`, a
         Placeholder's shape, a Const) knows, replaced by that size everywhere: Grappler gives
         one symbol to sizes it proved equal, so one known occurrence tells them all."""
@@ -306,11 +317,9 @@ class GraphView:
         for name, outputs in given.items():
             if name not in self._by_name:
                 continue
-            node = self.node(name)
-            others = []
-            if "_output_shapes" in node.attr:
-                others = [shape_from_proto(p) for p in node.attr["_output_shapes"].list.shape]
+            others = recorded.get(name)
             if not others:
+                node = self.node(name)
                 others = [self._own_shape(node, node.op)]
             for mine, other in zip(outputs, others):
                 if mine is None or other is None or len(mine) != len(other):
@@ -351,6 +360,11 @@ class GraphView:
 def _may_propagate(op: str) -> bool:
     """Can _propagated_shape know the output shape of an `op` node from its inputs?"""
     return op in _SAME_SHAPE_OPS or catalog.tf_op(op) is not None or op == catalog.COMPOSITION_OP
+
+
+def _fully_known(shape: Shape) -> bool:
+    """A known rank and every size known (no -1, no symbol)."""
+    return shape is not None and all(d >= 0 for d in shape)
 
 
 def _merge_lists(first: list[Shape], second: list[Shape]) -> list[Shape]:

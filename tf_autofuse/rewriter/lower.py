@@ -1,7 +1,9 @@
 """A set of nodes -> the FusedProgram it computes, with the tensors it reads and yields.
 
-`build` is both the legality check the partitioner runs for every merge and the lowering:
-it raises `Unfusible(reason)` for anything the program cannot express.
+`build` is both the legality check and the lowering: it raises `Unfusible(reason)` for
+anything the program cannot express. `check` is build for the partitioner's trial merges: the
+same refusals, and when it gives a Checked, the same inputs, outputs and dtypes, without the
+program (emitting and validating it was most of a trial's cost).
 
 Shapes. Every value gets its TF shape (unknown sizes of the group's inputs become symbols,
 unique per tensor and dimension, so that only sizes read from one place compare equal) and a
@@ -312,6 +314,23 @@ def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
     return state
 
 
+@dataclasses.dataclass
+class _Plan:
+    """What build decides before it emits: passes 1 and 2, the iteration shape, outputs."""
+
+    members: list
+    member_set: set
+    plans: list  # _FirstPass.plans
+    values: dict  # member -> _Value
+    symbols: dict  # outside tensor -> its shape with symbols (a copy of pass 1's)
+    next_symbol: list
+    unknown_rank: bool
+    rank: int
+    reduce_axes: Optional[tuple]
+    outputs: list  # member names
+    output_views: list
+
+
 def build(
     view: GraphView,
     members: list,
@@ -328,17 +347,18 @@ def build(
     absorbable(view_node, members): may this view node's input be read with a view instead?
     feeds: nodes the caller feeds (a fed Const is an input, never an immediate).
     """
-    served = served or {}
+    return _emit(view, _plan(view, members, preserve, private, served or {}, feeds),
+                 absorbable)
+
+
+def _plan(view: GraphView, members: list, preserve: AbstractSet[str],
+          private: AbstractSet[str], served: Mapping[str, AbstractSet[str]],
+          feeds: AbstractSet[str]) -> _Plan:
+    """build up to the emission: every refusal but those of the inputs and the program."""
     member_set = set(members)
     first = _first_pass(view, members, member_set, feeds)
     symbols = dict(first.symbols)
     next_symbol = [first.next_symbol]
-
-    def input_shape(tensor: Tensor) -> Optional[tuple]:
-        if tensor not in symbols:
-            symbols[tensor] = _symbolic(view.tensor_shape(tensor), next_symbol)
-        return symbols[tensor]
-
     values = {name: _Value(shape) for name, shape in first.shapes.items()}
     plans = first.plans
     outside_tensors = first.outside
@@ -475,36 +495,78 @@ def build(
     if not outputs:
         raise Unfusible("nothing of the group is read outside it")
 
-    # --- emission -------------------------------------------------------------------------
+    return _Plan(members, member_set, plans, values, symbols, next_symbol, unknown_rank, rank,
+                 reduce_axes, outputs, output_views)
+
+
+def _input_view(view: GraphView, plan: _Plan, tensor: Tensor, shape, placement, dtype,
+                absorbable) -> tuple:
+    """How the program reads an outside tensor: (source tensor, its declared shape, the view
+    or None, the view node read through or None), or Unfusible."""
+    if dtype not in catalog.IR_DTYPES:
+        raise Unfusible(f"input {tensor[0]} of dtype {catalog.dtype_name(dtype)}")
+    symbols = plan.symbols
+    if tensor not in symbols:
+        symbols[tensor] = _symbolic(view.tensor_shape(tensor), plan.next_symbol)
+    own = symbols[tensor]
+    source, decl_shape, view_, through = tensor, own, None, None
+    if not plan.unknown_rank:
+        rank = plan.rank
+        trailing = tuple(placement) == tuple(range(rank - len(shape), rank))
+        if not trailing:
+            view_ = _embed(shape, placement, rank)
+        elif tuple(shape) != own:
+            view_ = tuple(shape)
+        producer = view.node(tensor[0])
+        entry = catalog.tf_op(producer.op)
+        if (absorbable is not None and entry is not None and entry.kind == catalog.VIEW
+                and tensor[1] == 0 and absorbable(tensor[0], plan.member_set)):
+            inner = view.data_inputs(tensor[0])[0]
+            candidate = view_ if view_ is not None else tuple(shape)
+            if sum(1 for d in candidate if d < 0) <= 1:
+                source, decl_shape, view_ = inner, view.tensor_shape(inner), candidate
+                through = tensor[0]
+        if view_ is not None and sum(1 for d in view_ if d < 0) > 1:
+            raise Unfusible(f"input {tensor[0]} needs the view {_fmt(view_)}, which has "
+                            "more than one unknown size")
+    return source, decl_shape, view_, through
+
+
+def _operand_placement(plan: _Plan, name: str, entry):
+    """(the member's placement, its rank) as its "in" operands are placed by."""
+    if plan.unknown_rank:
+        return None, 0
+    if entry is not None and entry.kind == catalog.REDUCE:
+        return tuple(range(plan.rank)), plan.rank
+    value = plan.values[name]
+    return value.placement, len(value.shape)
+
+
+def _emit_node(em, name: str, node, entry, ops, args, axes):
+    """The instructions of one member (em(op, operands, attrs) -> Ref); its result."""
+    if entry is None:  # a composition: a chain of unary ops
+        result = args[0]
+        for op in ops:
+            result = em(catalog.for_tf_op(op).ir_name, [result])
+        return result
+    try:
+        return entry.emit(em, node, args, ir.axes_text(axes) if axes else None)
+    except catalog.Unsupported as err:
+        raise Unfusible(f"{name}: {err}") from None
+
+
+def _emit(view: GraphView, plan: _Plan, absorbable) -> Lowered:
+    """The program of a plan, its inputs, outputs and dtypes; or Unfusible."""
     decls, instructions, op_types = [], [], []
     input_refs: dict = {}
     input_tensors, in_dtypes, absorbed = [], [], []
     refs: dict[str, ir.Ref] = {}
 
     def input_ref(tensor: Tensor, shape, placement, dtype) -> ir.Ref:
-        if dtype not in catalog.IR_DTYPES:
-            raise Unfusible(f"input {tensor[0]} of dtype {catalog.dtype_name(dtype)}")
-        own = input_shape(tensor)
-        source, decl_shape, view_ = tensor, own, None
-        if not unknown_rank:
-            trailing = tuple(placement) == tuple(range(rank - len(shape), rank))
-            if not trailing:
-                view_ = _embed(shape, placement, rank)
-            elif tuple(shape) != own:
-                view_ = tuple(shape)
-            producer = view.node(tensor[0])
-            entry = catalog.tf_op(producer.op)
-            if (absorbable is not None and entry is not None and entry.kind == catalog.VIEW
-                    and tensor[1] == 0 and absorbable(tensor[0], member_set)):
-                inner = view.data_inputs(tensor[0])[0]
-                candidate = view_ if view_ is not None else tuple(shape)
-                if sum(1 for d in candidate if d < 0) <= 1:
-                    source, decl_shape, view_ = inner, view.tensor_shape(inner), candidate
-                    if tensor[0] not in absorbed:
-                        absorbed.append(tensor[0])
-            if view_ is not None and sum(1 for d in view_ if d < 0) > 1:
-                raise Unfusible(f"input {tensor[0]} needs the view {_fmt(view_)}, which has "
-                                "more than one unknown size")
+        source, decl_shape, view_, through = _input_view(view, plan, tensor, shape, placement,
+                                                         dtype, absorbable)
+        if through is not None and through not in absorbed:
+            absorbed.append(through)
         key = (source, None if view_ is None else tuple(view_))
         if key not in input_refs:
             input_refs[key] = ir.In(len(input_refs))
@@ -518,12 +580,8 @@ def build(
         instructions.append(ir.Instruction(op, tuple(operands), tuple(attrs)))
         return ir.Val(len(instructions) - 1)
 
-    for name, entry, ops, operands, axes, keep in plans:
-        placement = values[name].placement
-        k_rank = 0 if unknown_rank else len(values[name].shape)
-        if entry is not None and entry.kind == catalog.REDUCE:
-            k_rank = 0 if unknown_rank else rank
-            placement = tuple(range(rank))
+    for name, entry, ops, operands, axes, keep in plan.plans:
+        placement, k_rank = _operand_placement(plan, name, entry)
         args = []
         for kind, x, shape, dtype in operands:
             if kind == "imm":
@@ -531,31 +589,140 @@ def build(
             elif kind == "val":
                 args.append(refs[x])
             else:
-                where = None if unknown_rank else placement[k_rank - len(shape):]
+                where = None if plan.unknown_rank else placement[k_rank - len(shape):]
                 args.append(input_ref(x, shape, where, dtype))
-        node = view.node(name)
-        if entry is None:  # a composition: a chain of unary ops
-            result = args[0]
-            for op in ops:
-                result = em(catalog.for_tf_op(op).ir_name, [result])
-        else:
-            try:
-                result = entry.emit(em, node, args, ir.axes_text(axes) if axes else None)
-            except catalog.Unsupported as err:
-                raise Unfusible(f"{name}: {err}") from None
-        refs[name] = result
+        refs[name] = _emit_node(em, name, view.node(name), entry, ops, args, axes)
         op_types.extend(ops)
 
+    outputs = plan.outputs
     try:
-        program = ir.FusedProgram(decls, instructions, [refs[n] for n in outputs], output_views)
+        program = ir.FusedProgram(decls, instructions, [refs[n] for n in outputs],
+                                  plan.output_views)
     except ValueError as err:
         raise Unfusible(f"the program is not valid: {err}") from None
     out_dtypes = tuple(ir.DTYPES[d] for d in program.output_dtypes())
-    controls = sorted({c for name in members for c in view.control_inputs(name)
+    member_set = plan.member_set
+    controls = sorted({c for name in plan.members for c in view.control_inputs(name)
                        if c not in member_set})
-    kind = "reduce" if reduce_axes is not None else "pointwise"
+    kind = "reduce" if plan.reduce_axes is not None else "pointwise"
     return Lowered(program, tuple(input_tensors), tuple(outputs), tuple(controls),
                    tuple(op_types), tuple(in_dtypes), out_dtypes, tuple(absorbed), kind)
+
+
+class Checked(NamedTuple):
+    """What `check` tells of a group whose program it knows valid without emitting it: what
+    the partitioner and the cost models read of a Lowered (build gives the same values)."""
+
+    inputs: tuple  # of Tensor, in0, in1, ...
+    outputs: tuple  # of member names
+    in_dtypes: tuple
+    out_dtypes: tuple
+    kind: str = "pointwise"
+
+
+def check(view: GraphView, members: list, preserve: AbstractSet[str] = frozenset(),
+          feeds: AbstractSet[str] = frozenset()):
+    """build(view, members, preserve, feeds=feeds) for the partitioner's trial merges: the
+    same Unfusible, or the same inputs, outputs and dtypes.
+
+    A program without reductions is checked member by member (_member_outcome: the same
+    checks as the program's, memoised per member and operand dtypes), so nothing is emitted:
+    a Checked. Anything else (a reduction, an input or a member that fails or may fail those
+    checks) is build's own emission: a Lowered or its Unfusible, so every reason is build's.
+    """
+    plan = _plan(view, members, preserve, frozenset(), {}, feeds)
+    if plan.reduce_axes is None:
+        checked = _check_pointwise(view, plan)
+        if checked is not None:
+            return checked
+    return _emit(view, plan, None)
+
+
+def _check_pointwise(view: GraphView, plan: _Plan) -> Optional[Checked]:
+    """What _emit would return of a plan without reductions, when it would return; None when
+    it may raise (then _emit says what)."""
+    input_keys: set = set()
+    inputs, in_dtypes = [], []
+    results: dict = {}  # member -> the kind ("in" or "%") and IR dtype of its result Ref
+    n_instructions = 0
+    for name, entry, ops, operands, axes, keep in plan.plans:
+        placement, k_rank = _operand_placement(plan, name, entry)
+        signature = []
+        for kind, x, shape, dtype in operands:
+            if kind == "imm":
+                signature.append(("imm", type(x), repr(x)))
+            elif kind == "val":
+                signature.append(results[x])
+            else:
+                where = None if plan.unknown_rank else placement[k_rank - len(shape):]
+                try:
+                    source, _, view_, _ = _input_view(view, plan, x, shape, where, dtype, None)
+                except Unfusible:
+                    return None
+                key = (source, None if view_ is None else tuple(view_))
+                if key not in input_keys:
+                    input_keys.add(key)
+                    inputs.append(source)
+                    in_dtypes.append(dtype)
+                signature.append(("in", catalog.IR_DTYPES[dtype]))
+        outcome = _member_outcome(view, name, entry, ops, operands, axes, tuple(signature))
+        if outcome is None:
+            return None
+        n_instructions += outcome[0]
+        results[name] = outcome[1:]
+    if not inputs or not n_instructions:
+        return None  # the program's own checks refuse it
+    return Checked(tuple(inputs), tuple(plan.outputs), tuple(in_dtypes),
+                   tuple(ir.DTYPES[results[name][1]] for name in plan.outputs))
+
+
+def _member_outcome(view: GraphView, name: str, entry, ops, operands, axes, signature):
+    """(instructions, result kind, result dtype) of a member whose operands are as `signature` says
+    (("imm", type, repr), or the kind "in" / "%" and IR dtype of a Ref) in a program without
+    reductions, if the program's checks pass every instruction it emits; else None. Once per
+    graph, member and signature (view.memo)."""
+    memo = view.memo.setdefault("lower.member_outcome", {})
+    key = (name, signature)
+    if key in memo:
+        return memo[key]
+    args, described = [], []
+    for (kind, x, _, _), sig in zip(operands, signature):
+        if kind == "imm":
+            args.append(x)
+        else:
+            args.append(ir.Ref("arg", len(described)))
+            described.append(ir.ref_operand(sig[1], sig[0], False))
+    locals_: list = []  # dtype of each instruction's result, or None after a fault
+    faulty = []
+
+    def em(op: str, operands_, attrs=()) -> ir.Ref:
+        descriptions = []
+        for operand in operands_:
+            if not isinstance(operand, ir.Ref):
+                descriptions.append(ir.immediate_operand(operand))
+            elif operand.kind == "arg":
+                descriptions.append(described[operand.index])
+            else:  # the member's own instruction (reduced: never, without reductions)
+                descriptions.append(ir.ref_operand(locals_[operand.index], "%", False))
+        outcome = ir.instruction_outcome(op, tuple(attrs), tuple(descriptions), False)
+        if isinstance(outcome, str):
+            faulty.append(outcome)
+            outcome = (None, False)
+        locals_.append(outcome[0])
+        return ir.Ref("%", len(locals_) - 1)
+
+    try:
+        result = _emit_node(em, name, view.node(name), entry, ops, args, axes)
+    except Unfusible:
+        result = None
+    outcome = None
+    if not faulty and isinstance(result, ir.Ref):
+        if result.kind == "%":
+            outcome = (len(locals_), "%", locals_[result.index])
+        else:  # one of its operands, passed through
+            outcome = (len(locals_), described[result.index][2], described[result.index][1])
+    memo[key] = outcome
+    return outcome
 
 
 def _not_broadcast(shapes) -> str:

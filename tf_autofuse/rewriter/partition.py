@@ -4,7 +4,7 @@ A node is a candidate when the catalog supports its op for its dtype (a
 `_UnaryOpsComposition` when it supports every op of `op_names`), the pass of its kind is on
 (reductions need `--autofuse_enable_pass=reduce`), it sits on a CPU, the caller does not feed
 it, and it is not inside `disable_autofuse()` nor listed in `--skip_node_names_cfg`. Whether it
-lowers to a valid program (lower.build: shapes that provably broadcast, Const axes, ...) is
+lowers to a valid program (lower.check: shapes that provably broadcast, Const axes, ...) is
 checked for every merge (the union is lowered), and on its own only for a node left alone or
 when a cost model weighs a merge: a node that does not lower alone (x - max(x) of an input of
 unknown batch size: the max, read from outside, has sizes of its own) may lower with its
@@ -14,7 +14,7 @@ Groups grow greedily in topological order: each candidate starts a group of its 
 takes in the group of each of its data producers, one at a time, unless the two differ in
 device, the result would pass `max_fusion_size` compute ops or `max_inputs` inputs, contracting
 the result into one node would close a cycle (a path that leaves the group and comes back to
-it), or the union does not lower (lower.build says why). Every "no" is recorded as
+it), or the union does not lower (lower.check says why). Every "no" is recorded as
 (node, reason).
 
 With `recomputation_threshold` N > 0, a group that reads a value another group computes takes
@@ -32,7 +32,7 @@ from typing import AbstractSet, Iterable, NamedTuple, Optional
 
 from . import catalog, cost
 from .graph import GraphView, node_name
-from .lower import Lowered, Unfusible, build, compute_ops
+from .lower import Lowered, Unfusible, build, check, compute_ops
 from .scope import ATTR as DISABLE_ATTR
 
 
@@ -63,7 +63,9 @@ class Group:
     dtype: int  # the compute dtype of the first member (for information)
     device: str
     size: int  # compute ops (a _UnaryOpsComposition counts len(op_names))
-    lowered: Optional[Lowered] = None  # the program of the members (no absorption)
+    # the members' lowering (no absorption): a Lowered, or lower.check's Checked (inputs,
+    # outputs, dtypes) until `lowering` builds the program
+    lowered: Optional[Lowered] = None
     private: list = dataclasses.field(default_factory=list)  # recomputed copies
 
 
@@ -153,7 +155,8 @@ def find_groups(
     view: GraphView, feeds: Iterable[str] = (), max_fusion_size: int = 64,
     policy: Optional[Policy] = None,
 ) -> tuple[list[Group], list[Refusal]]:
-    """Groups of 2 compute ops or more, in topological order of their first member."""
+    """Groups of 2 compute ops or more, in topological order of their first member; each
+    group's `lowered` may be lower.check's Checked (`lowering` gives the program)."""
     if policy is None:
         policy = Policy(max_fusion_size=max_fusion_size)
     if policy.max_fusion_size <= 0 or not policy.pointwise:
@@ -175,7 +178,7 @@ def find_groups(
         name = group.members[0]
         if group.lowered is None and len(group.members) == 1 and name not in alone:
             try:
-                group.lowered = build(view, [name], policy.preserve, feeds=policy.feeds)
+                group.lowered = check(view, [name], policy.preserve, feeds=policy.feeds)
             except Unfusible as err:
                 alone[name] = str(err)
                 if alone[name].startswith(f"{name}: "):
@@ -243,6 +246,15 @@ def find_groups(
     return groups, refusals
 
 
+def lowering(view: GraphView, group: Group, policy: Policy) -> Lowered:
+    """The group's program without absorption: group.lowered, built first when it is lower.
+    check's Checked (most groups of a model are lowered with absorption instead, so
+    find_groups does not build it). `policy`: the one find_groups ran with, feeds included."""
+    if not isinstance(group.lowered, Lowered):
+        group.lowered = build(view, group.members, policy.preserve, feeds=policy.feeds)
+    return group.lowered
+
+
 def _too_many(count: int, policy: Policy) -> str:
     return f"too many inputs ({count} > max_input_nums_after_fuse={policy.max_inputs})"
 
@@ -257,7 +269,7 @@ def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Polic
     if through is not None:
         return f"would create a cycle through {through}", None
     try:
-        lowered = build(view, sorted(members, key=view.position.get), policy.preserve,
+        lowered = check(view, sorted(members, key=view.position.get), policy.preserve,
                         feeds=policy.feeds)
     except Unfusible as err:
         return f"cannot join {producer}'s group: {err}", None
@@ -320,6 +332,8 @@ def plan_recomputation(view: GraphView, groups: list, policy: Policy,
     served: dict[str, set] = {}
     if policy.recomputation_threshold <= 0:
         return served
+    for group in groups:  # a lowering to fall back on
+        lowering(view, group, policy)
     owner = {m: g for g in groups for m in g.members}
     for group in groups:
         members = set(group.members)

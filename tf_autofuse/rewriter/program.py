@@ -230,27 +230,23 @@ def _check(program: FusedProgram) -> list[str]:
     reduced: list[bool] = []
     for i, inst in enumerate(program.instructions):
         line = n_in + i
-        spec = catalog.for_ir_name(inst.op)
-        if spec is None:
-            fail(line, f"unknown op {inst.op!r}")
-        if len(inst.operands) != spec.arity:
-            fail(line, f"{inst.op} takes {spec.arity} operand(s), has {len(inst.operands)}")
         # What the instruction's own checks read of the program: each operand's dtype and
         # whether it is reduced (a Ref), or its value (an immediate).
         operands = []
         for operand in inst.operands:
             if isinstance(operand, Ref):
                 if operand.kind == "in" and 0 <= operand.index < n_in:
-                    operands.append((_OPERAND_REF, program.inputs[operand.index].dtype, "in",
-                                     axes_seen is not None and input_is_reduced(operand.index)))
+                    operands.append(ref_operand(
+                        program.inputs[operand.index].dtype, "in",
+                        axes_seen is not None and input_is_reduced(operand.index)))
                 elif operand.kind == "%" and 0 <= operand.index < len(value_dtypes):
-                    operands.append((_OPERAND_REF, value_dtypes[operand.index], "%",
-                                     reduced[operand.index]))
+                    operands.append(ref_operand(value_dtypes[operand.index], "%",
+                                                reduced[operand.index]))
                 else:
                     operands.append((_UNDEFINED, str(operand)))
             else:
-                operands.append((type(operand), operand, repr(operand)))
-        outcome = _instruction_outcome(inst.op, inst.attrs, tuple(operands), axes_seen is not None)
+                operands.append(immediate_operand(operand))
+        outcome = instruction_outcome(inst.op, inst.attrs, tuple(operands), axes_seen is not None)
         if isinstance(outcome, str):
             fail(line, outcome)
         result, is_reduced = outcome
@@ -269,6 +265,28 @@ def _check(program: FusedProgram) -> list[str]:
 
 # operand descriptions of _check (else: an immediate)
 _OPERAND_REF, _UNDEFINED = "ref", "undefined"
+
+
+def ref_operand(dtype: str, kind: str, reduced: bool) -> tuple:
+    """_check's description of a Ref operand: kind "in" or "%", its dtype, reduced or not."""
+    return (_OPERAND_REF, dtype, kind, reduced)
+
+
+def immediate_operand(value) -> tuple:
+    """_check's description of an immediate operand."""
+    return (type(value), value, repr(value))
+
+
+def instruction_outcome(op: str, attrs: tuple, operands: tuple, reducing: bool):
+    """_check of one instruction from its operands' descriptions (ref_operand,
+    immediate_operand) and whether the program reduces: (result dtype, reduced) or the reason
+    of its first fault. lower.check asks it of a member's instructions alone."""
+    spec = catalog.for_ir_name(op)
+    if spec is None:
+        return f"unknown op {op!r}"
+    if len(operands) != spec.arity:
+        return f"{op} takes {spec.arity} operand(s), has {len(operands)}"
+    return _instruction_outcome(op, attrs, operands, reducing)
 
 
 def _instruction_outcome(op: str, attrs: tuple, operands: tuple, reducing: bool):
