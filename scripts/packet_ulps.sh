@@ -11,9 +11,10 @@ case $name in erfc) fn=ErfcPacket ;; exp) fn=ExpPacket ;;
   *) echo "scripts/packet_ulps.sh: unknown function '$name' (erfc or exp)" >&2; exit 2 ;; esac
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# the function and the packet helper it calls (ExpReducedMinus1), in the file's order
 awk -v fn="$fn" '/^template <typename Packet>$/ {held = $0; next}
-     held != "" && index($0, fn "(const Packet& x)") {on = 1; print held}
-     {held = ""} on {print} on && /^}$/ {exit}' "$here/../tf_autofuse/cc/interpreter.cc" \
+     held != "" && (index($0, fn "(const Packet& x)") || index($0, "ExpReducedMinus1(const Packet& r)")) {on = 1; print held}
+     {held = ""} on {print} on && /^}$/ {on = 0}' "$here/../tf_autofuse/cc/interpreter.cc" \
   > "$work/${name}_packet.inc"
 include=$(python -c "import tensorflow as tf; print(tf.sysconfig.get_include())" 2>/dev/null)
 extra=""  # as tf_autofuse/_build.py: TF 2.21's Eigen does not build with AVX512-FP16

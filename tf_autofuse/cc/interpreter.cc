@@ -1077,12 +1077,27 @@ auto Erf(const Eigen::ArrayBase<X>& x) {
   return Transcendental(x, [](const auto& a) { return a.erf(); },
                         [](double v) { return std::erf(v); });
 }
+// exp(r) - 1 on the reduced range |r| <= ln2/2 (plus the lo part of a split argument):
+// r + r^2 C(r), C the degree-4 float32 relative-minimax fit of scripts/fit_erfc.py. Shared by
+// ExpPacket and ErfcPacket.
+template <typename Packet>
+EIGEN_STRONG_INLINE Packet ExpReducedMinus1(const Packet& r) {
+  namespace ei = Eigen::internal;
+  using ei::pmadd;
+  using ei::pset1;
+  Packet c = pset1<Packet>(0x1.6a4d70p-10f);
+  c = pmadd(c, r, pset1<Packet>(0x1.12398ap-7f));
+  c = pmadd(c, r, pset1<Packet>(0x1.5558b0p-5f));
+  c = pmadd(c, r, pset1<Packet>(0x1.555492p-3f));
+  c = pmadd(c, r, pset1<Packet>(0x1.fffffcp-2f));
+  return pmadd(c, ei::pmul(r, r), r);
+}
+
 // exp x, fp32, one packet, no branch: x clamped to [-104, 88.73] (beyond, the result rounds to 0
 // or overflows to inf either way), k = round(x / ln2), r = x - k ln2 with ln2 in two parts (the
-// first product exact), |r| <= ln2/2; exp(r) = 1 + r + r^2 C(r), C the degree-4 fit of
-// ErfcPacket's exp; then times 2^k as two powers of two of half the exponent each, so that k
-// down to -150 (a subnormal result, rounded once) and up to 128 (inf) need no test. NaN stays
-// NaN (pmin/pmax keep a NaN first operand), exp(-inf) = 0, exp(inf) = inf. Over all float32
+// first product exact), |r| <= ln2/2; exp(r) = 1 + ExpReducedMinus1(r); then times 2^k as two
+// powers of two of half the exponent each, so that k down to -150 (a subnormal result, rounded
+// once) and up to 128 (inf) need no test. NaN stays NaN (pmin/pmax keep a NaN first operand), exp(-inf) = 0, exp(inf) = inf. Over all float32
 // (scripts/packet_ulps.sh exp): within 1.013 ulps, mean 0.064 (Eigen's fp32 exp, which
 // TensorFlow's kernels use: 1.28, 0.074).
 // Eigen's tests every packet for a lane out of its fast range (a horizontal reduction and a
@@ -1092,19 +1107,13 @@ auto Erf(const Eigen::ArrayBase<X>& x) {
 template <typename Packet>
 EIGEN_STRONG_INLINE Packet ExpPacket(const Packet& x) {
   namespace ei = Eigen::internal;
-  using ei::pmadd;
   using ei::pset1;
   using PacketI = typename ei::unpacket_traits<Packet>::integer_packet;
   const Packet c = ei::pmax(ei::pmin(x, pset1<Packet>(88.73f)), pset1<Packet>(-104.0f));
   const Packet k = ei::print(ei::pmul(c, pset1<Packet>(0x1.715476p+0f)));
   const Packet r = ei::pnmadd(k, pset1<Packet>(0x1.7f7d1cp-20f),
                               ei::pnmadd(k, pset1<Packet>(0x1.62e4p-1f), c));
-  Packet q = pset1<Packet>(0x1.6a4d70p-10f);
-  q = pmadd(q, r, pset1<Packet>(0x1.12398ap-7f));
-  q = pmadd(q, r, pset1<Packet>(0x1.5558b0p-5f));
-  q = pmadd(q, r, pset1<Packet>(0x1.555492p-3f));
-  q = pmadd(q, r, pset1<Packet>(0x1.fffffcp-2f));
-  const Packet e = ei::padd(pmadd(q, ei::pmul(r, r), r), pset1<Packet>(1.0f));
+  const Packet e = ei::padd(ExpReducedMinus1(r), pset1<Packet>(1.0f));
   const PacketI ki = ei::pcast<Packet, PacketI>(k);
   const PacketI half = ei::plogical_shift_right<1>(ei::padd(ki, ei::pset1<PacketI>(1 << 30)));
   const PacketI k1 = ei::psub(half, ei::pset1<PacketI>(1 << 29));  // floor(k / 2)
@@ -1166,12 +1175,7 @@ EIGEN_STRONG_INLINE Packet ErfcPacket(const Packet& x) {
   const Packet k = ei::print(ei::pmul(hi, pset1<Packet>(-0x1.715476p+0f)));
   const Packet r0 = ei::pnmadd(k, pset1<Packet>(0x1.62e4p-1f), ei::pnegate(hi));
   const Packet r = ei::psub(r0, pmadd(k, pset1<Packet>(0x1.7f7d1cp-20f), lo));
-  Packet c = pset1<Packet>(0x1.6a4d70p-10f);
-  c = pmadd(c, r, pset1<Packet>(0x1.12398ap-7f));
-  c = pmadd(c, r, pset1<Packet>(0x1.5558b0p-5f));
-  c = pmadd(c, r, pset1<Packet>(0x1.555492p-3f));
-  c = pmadd(c, r, pset1<Packet>(0x1.fffffcp-2f));
-  const Packet t = pmadd(c, ei::pmul(r, r), r);  // exp(r) - 1
+  const Packet t = ExpReducedMinus1(r);
   constexpr float kP = 0x1p-64f;
   Packet p = pset1<Packet>(0x1.3c726ep-5f * kP);
   p = pmadd(p, a, pset1<Packet>(0x1.041ca6p-2f * kP));
