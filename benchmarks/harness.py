@@ -437,11 +437,14 @@ def run_process(mode: str, names: list[str], round_index: int, opts, out_dir: st
     if opts.steps is not None:
         command += ["--steps", str(opts.steps)]
     env = child_env(mode, REPO_ROOT, autofuse_flags)
+    dfx = [getattr(opts, "autofuse_dfx_flags", None) or ""] if mode == "autofuse" else []
     if mode == "autofuse" and getattr(opts, "kernel_profile", None):
         os.makedirs(opts.kernel_profile, exist_ok=True)
         label = names[0] if len(names) == 1 else f"{names[0]}-and-{len(names) - 1}-more"
         path = os.path.join(os.path.abspath(opts.kernel_profile), f"{label}.r{round_index}.csv")
-        env["AUTOFUSE_DFX_FLAGS"] = f"--kernel_profile={path}"
+        dfx.append(f"--kernel_profile={path}")
+    if any(dfx):
+        env["AUTOFUSE_DFX_FLAGS"] = ";".join(item for item in dfx if item)
     started = time.monotonic()
     try:
         proc = subprocess.run(command, env=env,
@@ -863,6 +866,7 @@ def run_suite(opts, log=sys.stderr) -> dict:
         "modes": opts.modes,
         "mode_help": {m: MODES[m].help for m in opts.modes},
         "autofuse_flags": autofuse_flags, "autofuse_flags_note": flags_note,
+        "autofuse_dfx_flags": getattr(opts, "autofuse_dfx_flags", "") or None,
         "xla_flags": XLA_FLAGS, "model_reference_mode": reference,
         "load_averages": loads, "busy_note": busy_note(loads),
         "workloads": info, "summary": summary, "cells": cells,
@@ -874,6 +878,8 @@ def header_text(data: dict) -> str:
              f"modes: " + "; ".join(f"{m} = {h}" for m, h in data["mode_help"].items())]
     if data["autofuse_flags"]:
         lines.append(f"autofuse: AUTOFUSE_FLAGS={data['autofuse_flags']!r}")
+    if data.get("autofuse_dfx_flags"):
+        lines.append(f"autofuse: AUTOFUSE_DFX_FLAGS={data['autofuse_dfx_flags']!r}")
     if data["autofuse_flags_note"]:
         lines.append(f"NOTE: {data['autofuse_flags_note']}")
     o = data["options"]

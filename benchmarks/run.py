@@ -65,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"AUTOFUSE_FLAGS of the autofuse mode (default "
                              f"{harness.AUTOFUSE_FLAGS_WANTED!r}; falls back to "
                              f"{harness.AUTOFUSE_FLAGS_FALLBACK!r} if rejected)")
+    parser.add_argument("--autofuse-dfx-flags", default="",
+                        help="AUTOFUSE_DFX_FLAGS of the autofuse mode (default none), e.g. "
+                             "'--strip_fusion=false' to time the kernels without strip fusion")
     parser.add_argument("--kernel-profile", metavar="DIR",
                         help="autofuse processes write AUTOFUSE_DFX_FLAGS=--kernel_profile CSVs "
                              "into DIR, one per process (<workloads>.r<round>.csv): what bounds "

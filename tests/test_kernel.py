@@ -792,6 +792,129 @@ def test_bit_identical_across_runs_and_threads(ops, dtype, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# Strip fusion (interpreter.cc, StripRun): full tiles run spans of fp32 elementwise steps strip by
+# strip; a ragged last tile runs them step by step over the tile. Both must give the same bits.
+
+_STRIP_PROGRAMS = {
+    "chain": (1, ["Abs in0", "Relu %0", "Exp %1"], ["%2", "%0"]),
+    "gelu_tanh": (1, ["Mul in0, in0", "Mul %0, in0", "Mul %1, 0.044715", "Add in0, %2",
+                      "Mul %3, 0.7978846", "Tanh %4", "Add %5, 1.0", "Mul in0, %6",
+                      "Mul %7, 0.5"], ["%8"]),
+    # every op strips run, immediates on either side, a value live across the span and a
+    # second output in the middle of it
+    "every_op": (2, ["Sub in0, in1", "Sigmoid %0", "Mul %0, %1", "Erfc %2", "Sqrt %3",
+                     "LeakyRelu %0 alpha=0.3", "Relu6 %5", "Maximum %6, %4", "Minimum %7, in1",
+                     "Div %8, 3.0", "SquaredDifference %9, %2", "Square %10", "Neg %11",
+                     "Abs %12", "Add -1.5, %13", "Tanh %14"], ["%15", "%2"]),
+}
+
+
+def _strip_refs(name, x, y):
+    if name == "chain":
+        return [np.exp(np.maximum(np.abs(x), 0)), np.abs(x)]
+    if name == "gelu_tanh":
+        return [0.5 * x * (1 + np.tanh(0.7978846 * (x + 0.044715 * x ** 3)))]
+    d = x - y
+    swish = d / (1 + np.exp(-d))
+    erfc = np.array([math.erfc(v) for v in swish])
+    v = np.minimum(np.maximum(np.minimum(np.maximum(np.where(d < 0, 0.3 * d, d), 0), 6),
+                              np.sqrt(erfc)), y) / 3.0
+    return [np.tanh(-1.5 + np.abs(-((v - swish) ** 2) ** 2)), swish]
+
+
+def _strip_inputs(name, dtype, n, tail):
+    """Inputs of n elements whose last `tail` (a ragged tile) repeat their first ones."""
+    rng = np.random.default_rng(11)
+    count, _, _ = _STRIP_PROGRAMS[name]
+    scale = {"every_op": 1.0, "chain": 2.0}.get(name, 3.0)  # exp(|x|) within f16's range
+    values = []
+    for _ in range(count):
+        v = rng.normal(0, scale, n)
+        v[-tail:] = v[:tail]
+        values.append(tf.cast(tf.constant(v), DTYPES[dtype]))
+    return values
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("name", sorted(_STRIP_PROGRAMS))
+def test_strip_runs_match_tile_steps_bit_for_bit(ops, name, dtype):
+    """The first elements (a full tile: strips) and the same values in the ragged last tile
+    (staged: every step over the tile, as before strip fusion) give the same bits; in fp32 the
+    results are close to the float64 reference."""
+    count, lines, outputs = _STRIP_PROGRAMS[name]
+    n, tail = 3 * 4096 + 37, 37
+    inputs = _strip_inputs(name, dtype, n, tail)
+    program = program_text([f"{dtype}[{n}]"] * count, lines, outputs)
+    fused = run_fused(ops, program, inputs, [DTYPES[dtype]] * len(outputs))
+    bits = np.uint16 if dtype != "f32" else np.uint32
+    for k, out in enumerate(fused):
+        got = out.numpy().view(bits)
+        np.testing.assert_array_equal(got[-tail:], got[:tail], err_msg=f"{name} out{k}")
+    if dtype == "f32":
+        x = as_f64(inputs[0])
+        y = as_f64(inputs[1]) if count > 1 else None
+        for k, (out, ref) in enumerate(zip(fused, _strip_refs(name, x, y))):
+            np.testing.assert_allclose(as_f64(out), ref, rtol=2e-5, atol=1e-6,
+                                       err_msg=f"{name} out{k}")
+
+
+_STRIP_OFF_SCRIPT = """
+import ctypes, sys
+import numpy as np
+import tensorflow as tf
+
+library, cases_path, out_path = sys.argv[1:4]
+ops = tf.load_op_library(library)
+ctypes.CDLL(library).autofuse_set_strip_fusion(0)
+cases = np.load(cases_path, allow_pickle=True)["cases"]
+results = []
+for program, values, count in cases:
+    graph = tf.Graph()
+    with graph.as_default():
+        xs = [tf.constant(v) for v in values]
+        outs = ops.autofuse_kernel(inputs=xs, Tout=[xs[0].dtype] * count, program=program)
+    with tf.compat.v1.Session(graph=graph) as sess:
+        results.append([np.asarray(o) for o in sess.run(outs)])
+np.save(out_path, np.array(results, dtype=object), allow_pickle=True)
+"""
+
+
+def test_strip_fusion_off_gives_the_same_bits(ops, tmp_path):
+    """AUTOFUSE_DFX_FLAGS=--strip_fusion=false (every step over whole tiles, in a subprocess)
+    and strip fusion give the same bits: elementwise chains, and reductions whose full passes
+    read a row's reduced value as a scalar (softmax over rows), kept values (rows of 4096), row
+    groups (short rows) and reduced values as tiles (a column reduction)."""
+    import subprocess
+
+    rng = np.random.default_rng(12)
+    softmax = ("in0: f32[?,{c}]\n%0 = Max in0 axes=[{a}]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
+               "%3 = Sum %2 axes=[{a}]\n%4 = Div %2, %3\n%5 = Mul %4, in0\nout0 = %5")
+    cases = []
+    for rows, cols, axis in ((64, 4096, 1), (512, 100, 1), (300, 1000, 0)):
+        x = rng.normal(0, 2, (rows, cols)).astype(np.float32)
+        cases.append((softmax.format(c=cols, a=axis), [x], 1))
+    for name, (count, lines, outputs) in sorted(_STRIP_PROGRAMS.items()):
+        for dtype in ("f32", "f16"):
+            n = 70_003
+            values = [v.numpy() for v in _strip_inputs(name, dtype, n, 37)]
+            cases.append((program_text([f"{dtype}[{n}]"] * count, lines, outputs), values,
+                          len(outputs)))
+    np.savez(tmp_path / "cases.npz", cases=np.array(cases, dtype=object))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, "-c", _STRIP_OFF_SCRIPT, _library_path(),
+                    str(tmp_path / "cases.npz"), str(tmp_path / "off.npy")],
+                   check=True, env=env, timeout=300)
+    off = np.load(tmp_path / "off.npy", allow_pickle=True)
+    for (program, values, count), want in zip(cases, off):
+        got = run_fused(ops, program, [tf.constant(v) for v in values],
+                        [tf.as_dtype(values[0].dtype)] * count)
+        for g, w in zip(got, want):
+            g = g.numpy()
+            np.testing.assert_array_equal(g.view(np.uint8), np.asarray(w).view(np.uint8),
+                                          err_msg=program.splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------
 # Benchmark: python tests/test_kernel.py --bench
 
 def _median_ms(fn, reps=20):

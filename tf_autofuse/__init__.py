@@ -42,6 +42,8 @@ def _initialise() -> bool:
     _native.set_output_cache(process_flags.output_cache_mb)
     if process_flags.kernel_profile:
         _native.set_kernel_profile(process_flags.kernel_profile)
+    if not process_flags.strip_fusion:
+        _native.set_strip_fusion(False)
     if process_flags.enable_autofuse:
         if _native.register_cpu_plugin() == "taken":
             warn_once(

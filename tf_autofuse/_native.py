@@ -59,6 +59,13 @@ def set_kernel_profile(path: str) -> None:
     _cdll.autofuse_set_kernel_profile(os.path.abspath(path).encode())
 
 
+def set_strip_fusion(on: bool) -> None:
+    """AUTOFUSE_DFX_FLAGS=--strip_fusion=false: kernels planned from now on run every step over
+    whole tiles (cc/interpreter.cc, StripRun)."""
+    load()
+    _cdll.autofuse_set_strip_fusion(ctypes.c_int(1 if on else 0))
+
+
 def set_output_cache(megabytes: int) -> None:
     """AUTOFUSE_FLAGS=--output_cache_mb=N: the most MiB of idle output blocks the kernels keep
     for reuse; 0 turns the cache off (cc/output_cache.h)."""

@@ -180,6 +180,11 @@ _SPECS: dict[str, _Spec] = {
         DFX_FLAGS_ENV, _parse_path, "a file path", None,
         "time every step of every fused kernel built afterwards and write a CSV there at "
         "process exit (process-wide, read at import)"),
+    "strip_fusion": _Spec(
+        DFX_FLAGS_ENV, _parse_bool, "true or false", True,
+        "run consecutive fp32 elementwise steps of a fused kernel strip by strip (256 elements) "
+        "instead of each over a whole tile; false is for measuring what that brings "
+        "(process-wide, read at import)"),
     "output_cache_mb": _Spec(
         FLAGS_ENV, _parse_count, "an integer >= 0 (MiB)", 1024,
         "most MiB of freed fused-kernel outputs (each of 4 MiB or more) kept for reuse by the "
@@ -199,7 +204,7 @@ _SPECS: dict[str, _Spec] = {
 
 
 # Keys read once, at import, for the whole process (the kernel library's state).
-PROCESS_WIDE = frozenset({"kernel_profile", "output_cache_mb"})
+PROCESS_WIDE = frozenset({"kernel_profile", "output_cache_mb", "strip_fusion"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +219,7 @@ class Flags:
     max_input_nums_after_fuse: int = 8
     skip_node_names_cfg: Optional[SkipList] = None
     kernel_profile: Optional[str] = None
+    strip_fusion: bool = True
     autofuse_enhance_precision_blacklist: frozenset = frozenset()
     cost_model: str = "none"
     output_cache_mb: int = 1024
