@@ -883,7 +883,8 @@ def test_strip_fusion_off_gives_the_same_bits(ops, tmp_path):
     """AUTOFUSE_DFX_FLAGS=--strip_fusion=false (every step over whole tiles, in a subprocess)
     and strip fusion give the same bits: elementwise chains, and reductions whose full passes
     read a row's reduced value as a scalar (softmax over rows), kept values (rows of 4096), row
-    groups (short rows) and reduced values as tiles (a column reduction)."""
+    groups (short rows) and reduced values as tiles (a column reduction); accumulations and
+    broadcast loads inside runs (LayerNorm, a bias)."""
     import subprocess
 
     rng = np.random.default_rng(12)
@@ -893,6 +894,17 @@ def test_strip_fusion_off_gives_the_same_bits(ops, tmp_path):
     for rows, cols, axis in ((64, 4096, 1), (512, 100, 1), (300, 1000, 0)):
         x = rng.normal(0, 2, (rows, cols)).astype(np.float32)
         cases.append((softmax.format(c=cols, a=axis), [x], 1))
+    # broadcast loads and accumulations inside runs: LayerNorm, a bias
+    layernorm = ("in0: f32[?,768]\nin1: f32[768]\nin2: f32[768]\n%0 = Mean in0 axes=[1]\n"
+                 "%1 = Sub in0, %0\n%2 = Square %1\n%3 = Mean %2 axes=[1]\n%4 = Add %3, 1e-05\n"
+                 "%5 = Rsqrt %4\n%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8")
+    cases.append((layernorm, [rng.normal(1, 2, (300, 768)).astype(np.float32),
+                              rng.normal(1, 0.2, 768).astype(np.float32),
+                              rng.normal(0, 0.2, 768).astype(np.float32)], 1))
+    bias = ("in0: f16[?,1000]\nin1: f16[1000]\n%0 = Abs in0\n%1 = Add %0, in1\n%2 = Relu %1\n"
+            "out0 = %2")
+    cases.append((bias, [rng.normal(0, 2, (300, 1000)).astype(np.float16),
+                         rng.normal(0, 2, 1000).astype(np.float16)], 1))
     for name, (count, lines, outputs) in sorted(_STRIP_PROGRAMS.items()):
         for dtype in ("f32", "f16"):
             n = 70_003

@@ -217,8 +217,9 @@ struct Step {
 };
 
 // Strip fusion. A run of consecutive steps of a full-tile schedule that are all fp32 and
-// elementwise (loads widening f16/bf16/f32 inputs, instructions StripFusable accepts, stores
-// narrowing to an output) executes as one loop over strips of kStrip elements: every step of
+// elementwise (loads widening f16/bf16/f32 inputs, broadcast loads, instructions StripFusable
+// accepts, stores narrowing to an output, and in accumulation passes of one row or inner chunk
+// per item the accumulations) executes as one loop over strips of kStrip elements: every step of
 // the run covers one strip before the next strip starts, its values held in strip buffers
 // (1 KiB each, on the stack, never leaving L1) instead of tile-sized slots. Every element is
 // computed by the same packet functions as when each step covers the whole tile (which the
@@ -231,6 +232,7 @@ struct Step {
 // standalone loop on this Sapphire Rapids VM: f32 4.75 -> 3.1 ms, f16 3.75 -> 3.0 ms with
 // 256-element strips (the best of 64..512 elements).
 constexpr int64_t kStrip = 256;
+static_assert(kStrip % kLanes == 0 && kStrip % kPad == 0, "strips keep lanes and packets");
 constexpr int kMaxStripRegisters = 12;  // 12 KiB of strip buffers on the stack
 
 struct StripOperand {
@@ -242,10 +244,10 @@ struct StripOperand {
 };
 
 struct StripOp {
-  enum class Kind : uint8_t { kLoad, kCompute, kStore };
+  enum class Kind : uint8_t { kLoad, kBroadcastLoad, kCompute, kStore, kAccumulate };
   Kind kind = Kind::kCompute;
   OpCode op = OpCode::kAbs;
-  DType dtype = DType::kF32;  // kLoad: of the input; kStore: of the output
+  DType dtype = DType::kF32;  // loads: of the input; kStore: of the output
   bool stream = false;        // kStore: non-temporal
   int num_src = 0;
   StripOperand src[2];        // kLoad: src[0] is the input (kMemory)
@@ -253,8 +255,9 @@ struct StripOp {
   int dst = -1;               // kLoad, kCompute: the register written
   bool write_back = false;    // also written to `home` (a tensor or buffer, or a slot read after
                               // the run)
-  Loc home;                   // kStore: the output
-  int step = 0;               // its position in the schedule
+  Loc home;                   // kStore: the output; kAccumulate: the accumulator
+  int step = 0;               // its position in the schedule (kAccumulate: the step's op and
+                              // types)
 };
 
 struct StripRun {
@@ -2446,14 +2449,21 @@ bool StripDType(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
 }
 
-bool StripStep(const Step& step) {
+// `accumulate`: the schedule is one of a plain or kept-row accumulation pass, whose
+// accumulations (one scalar of 16 lanes per row, lane = element mod 16, or one accumulator per
+// inner index) take the elements in the same order strip by strip as tile by tile.
+bool StripStep(const Step& step, bool accumulate) {
   auto tile_loc = [](const Loc& loc) {
     return loc.is(Loc::Kind::kSlot) || loc.is(Loc::Kind::kKept) ||
            loc.is(Loc::Kind::kOutput) || loc.is(Loc::Kind::kInput);
   };
   switch (step.kind) {
     case Step::Kind::kLoad:
+    case Step::Kind::kBroadcastLoad:
       return StripDType(step.dtype) && step.dst.is(Loc::Kind::kSlot);
+    case Step::Kind::kAccumulate:
+      return accumulate && step.src_ctype == ComputeType::kF32 &&
+             (tile_loc(step.src[0]) && !step.src[0].is(Loc::Kind::kOutput));
     case Step::Kind::kConvertStore:
       return StripDType(step.dtype) && step.ctype == ComputeType::kF32 &&
              (step.src[0].is(Loc::Kind::kSlot) || step.src[0].is(Loc::Kind::kKept));
@@ -2507,11 +2517,14 @@ bool BuildStripRun(const Schedule& schedule, int begin, int end, StripRun* run) 
     op.stream = step.stream;
     op.num_src = step.num_src;
     for (int k = 0; k < step.num_src; ++k) op.src[k] = operand(step.src[k]);
-    if (step.kind == Step::Kind::kConvertStore) {
-      op.kind = StripOp::Kind::kStore;
+    if (step.kind == Step::Kind::kConvertStore || step.kind == Step::Kind::kAccumulate) {
+      op.kind = step.kind == Step::Kind::kConvertStore ? StripOp::Kind::kStore
+                                                       : StripOp::Kind::kAccumulate;
       op.home = step.dst;
     } else {
-      op.kind = step.kind == Step::Kind::kLoad ? StripOp::Kind::kLoad : StripOp::Kind::kCompute;
+      op.kind = step.kind == Step::Kind::kLoad            ? StripOp::Kind::kLoad
+                : step.kind == Step::Kind::kBroadcastLoad ? StripOp::Kind::kBroadcastLoad
+                                                          : StripOp::Kind::kCompute;
       if (step.op == OpCode::kLeakyRelu) op.alpha = step.attr.imm.f32;
       auto it = reg_of.find(key(step.dst));
       if (it == reg_of.end()) {
@@ -2542,16 +2555,16 @@ bool BuildStripRun(const Schedule& schedule, int begin, int end, StripRun* run) 
 
 // Marks the runs of a full-tile schedule: maximal spans of at least two StripStep steps (cut
 // where they would need too many registers).
-void FuseStrips(Schedule* schedule) {
+void FuseStrips(Schedule* schedule, bool accumulate) {
   const int n = static_cast<int>(schedule->steps.size());
   int pos = 0;
   while (pos < n) {
-    if (!StripStep(schedule->steps[pos])) {
+    if (!StripStep(schedule->steps[pos], accumulate)) {
       ++pos;
       continue;
     }
     int end = pos;
-    while (end < n && StripStep(schedule->steps[end])) ++end;
+    while (end < n && StripStep(schedule->steps[end], accumulate)) ++end;
     StripRun run;
     while (end - pos >= 2 && !BuildStripRun(*schedule, pos, end, &run)) --end;
     if (end - pos < 2) {
@@ -2715,7 +2728,8 @@ std::string StepLabel(const Step& step) {
 
 // A run over one full tile of `count` elements, strip after strip.
 template <typename Address>
-void RunStrips(const StripRun& run, const Address& address, bool scalar_reduced, int64_t count) {
+void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame,
+               const Address& address, bool scalar_reduced, int64_t offset, int64_t count) {
   alignas(64) float registers[kMaxStripRegisters * kStrip];
   auto fetch = [&](const StripOperand& o, int64_t i, bool* tile) -> const float* {
     switch (o.kind) {
@@ -2740,6 +2754,24 @@ void RunStrips(const StripRun& run, const Address& address, bool scalar_reduced,
         case StripOp::Kind::kLoad: {
           const Loc& in = op.src[0].loc;
           LoadTile(op.dtype, address(in) + i * in.elem_size, reinterpret_cast<char*>(dst), n, n);
+          break;
+        }
+        case StripOp::Kind::kBroadcastLoad: {
+          const int j = op.src[0].loc.index;
+          BroadcastLoad(frame.run.full_plans[j], op.dtype, frame.io.inputs[j],
+                        reinterpret_cast<char*>(dst), offset + i, n, n);
+          break;
+        }
+        case StripOp::Kind::kAccumulate: {
+          // lanes: one scalar of kLanes lanes (strips start at multiples of kLanes); else one
+          // accumulator per element of the tile
+          const Step& step = schedule.steps[op.step];
+          bool tile = false;
+          const float* src = fetch(op.src[0], i, &tile);
+          const int64_t at = frame.lanes ? 0 : i * ComputeSize(step.acc_ctype);
+          char* acc = address(op.home);
+          Accumulate(step, reinterpret_cast<const char*>(src), acc + at,
+                     acc + frame.plans.buffer_bytes + at, n, frame.lanes);
           break;
         }
         case StripOp::Kind::kCompute: {
@@ -2807,7 +2839,7 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
     if (frame.profile != nullptr) started = std::chrono::steady_clock::now();
     if (!schedule.run_at.empty() && schedule.run_at[pos] >= 0) {
       const StripRun& run = schedule.runs[schedule.run_at[pos]];
-      RunStrips(run, address, scalar_reduced, count);
+      RunStrips(schedule, run, frame, address, scalar_reduced, offset, count);
       if (frame.profile != nullptr) {
         const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now() - started).count();
@@ -2917,9 +2949,12 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
     s.direct = build({/*direct_inputs=*/true, /*direct_outputs=*/true, /*stream=*/false}, pass);
     s.streaming = build({/*direct_inputs=*/true, /*direct_outputs=*/false, /*stream=*/true}, pass);
     s.staged = build({/*direct_inputs=*/false, /*direct_outputs=*/false, /*stream=*/false}, pass);
-    if (strip_fusion_enabled.load(std::memory_order_relaxed)) {  // full tiles only: a ragged
-      FuseStrips(&s.direct);                                      // tile's staged schedule runs
-      FuseStrips(&s.streaming);                                   // step by step
+    // Full tiles only: a ragged tile's staged schedule runs step by step. Accumulations join
+    // a run in the passes of one row or inner chunk per item (not in row or column groups).
+    if (strip_fusion_enabled.load(std::memory_order_relaxed)) {
+      const bool accumulate = pass.kind == Pass::Kind::kAccumulate && !pass.rows;
+      FuseStrips(&s.direct, accumulate);
+      FuseStrips(&s.streaming, accumulate);
     }
     return s;
   };
