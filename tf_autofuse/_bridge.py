@@ -78,6 +78,11 @@ def _collector_paused():
         with _gc_lock:
             _gc_depth -= 1
             if _gc_depth == 0 and _gc_was_enabled:
+                # The objects the rewrite leaves (the rewritten graph, caches) are young: collect
+                # the young generation now, so that re-enabling does not start an automatic
+                # collection at the next allocation, which, in a process whose tracing left a
+                # full collection due, became that full collection inside the first call.
+                gc.collect(0)
                 gc.enable()
 
 

@@ -27,6 +27,11 @@
 //                  instruction still runs on whole SIMD packets and nothing reaches past a
 //                  tensor's end. An element is computed by the same code wherever it sits,
 //                  whatever the number of threads: results are bit-identical across them.
+//   * Strip fusion (StripRun): in the direct and streaming schedules, a span of consecutive
+//     fp32 elementwise steps (loads, broadcast loads, most arithmetic, stores, and the
+//     accumulations of one-row-per-item passes) runs strip by strip, 256 elements at a time,
+//     its values in 1 KiB strip buffers instead of tile slots: loads and stores interleave with
+//     the arithmetic. Same packet functions, same bits as the staged schedule's steps.
 //   * The tile size is the largest power of two (1024..4096) whose slots and tensor streams fit
 //     in 24 KiB of the 32 KiB L1d.
 //
