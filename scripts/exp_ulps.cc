@@ -1,21 +1,21 @@
 // Exhaustive accuracy of the fp32 exp (interpreter.cc's ExpPacket) and of Eigen's fp32 exp (what
 // TensorFlow's kernels and the Exp op before it use), over every float32, against the C
-// library's double exp; then their speed on an L1-resident array, one core. Built and run by
-// scripts/packet_ulps.sh exp, which pastes ExpPacket out of interpreter.cc into exp_packet.inc.
+// library's double exp; then their speed on an L1-resident array, one core (packet_timing.h).
+// Built and run by scripts/packet_ulps.sh exp, which pastes ExpPacket out of interpreter.cc into
+// exp_packet.inc.
 // `ftz` as argument: flush subnormals as TensorFlow's threads do. Ulps are of the float nearest
 // the reference (subnormal spacing below 2^-126); a result that overflows float must be inf.
 #include <Eigen/Core>
 #include <xmmintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <vector>
 
 #include "exp_packet.inc"
+#include "packet_timing.h"
 
 namespace {
 
@@ -39,27 +39,6 @@ struct Stats {
     if (counted) sum += ulps;
   }
 };
-
-template <typename F>
-double NsPerElement(F f) {
-  std::vector<float> in(4096), out(4096);
-  for (int i = 0; i < 4096; ++i) in[i] = -10 + 20.0f * i / 4096;
-  double best = 1e9;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int it = 0; it < 20000; ++it) {
-      for (int i = 0; i < 4096; i += 2 * kSize) {  // two packets a turn, as RunPackets
-        const Packet y0 = f(Eigen::internal::ploadu<Packet>(&in[i]));
-        const Packet y1 = f(Eigen::internal::ploadu<Packet>(&in[i + kSize]));
-        Eigen::internal::pstoreu(&out[i], y0);
-        Eigen::internal::pstoreu(&out[i + kSize], y1);
-      }
-    }
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    best = std::min(best, took.count() / 20000 / 4096 * 1e9);
-  }
-  return best;
-}
 
 }  // namespace
 
@@ -94,8 +73,8 @@ int main(int argc, char** argv) {
               ours.worst, ours.at, ours.sum / counted, static_cast<unsigned long long>(counted));
   std::printf("Eigen pexp:  max %.3f ulps (at %a), mean %.4f\n", eigen.worst, eigen.at,
               eigen.sum / counted);
-  std::printf("ns an element, one core, L1: ExpPacket %.3f, Eigen %.3f\n",
-              NsPerElement([](const Packet& x) { return ExpPacket(x); }),
-              NsPerElement([](const Packet& x) { return Eigen::internal::pexp(x); }));
+  std::printf("ns an element, one core, L1, FTZ/DAZ on: ExpPacket %.3f, Eigen %.3f\n",
+              NsPerElement<Packet>([](const Packet& x) { return ExpPacket(x); }),
+              NsPerElement<Packet>([](const Packet& x) { return Eigen::internal::pexp(x); }));
   return 0;
 }

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Exhaustive fp32 accuracy of one of the kernel's own packet functions against Eigen's, over every
-# float32: ErfcPacket or ExpPacket, pasted from interpreter.cc into scripts/<name>_ulps.cc.
-# About 100 s (erfc) or 150 s (exp) a run on one core.
+# float32, then both's ns an element (scripts/packet_timing.h): ErfcPacket or ExpPacket, pasted
+# from interpreter.cc into scripts/<name>_ulps.cc. About 100 s (erfc) or 150 s (exp) a run on one
+# core.
 # Usage: scripts/packet_ulps.sh erfc|exp [ftz]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -11,9 +12,14 @@ case $name in erfc) fn=ErfcPacket ;; exp) fn=ExpPacket ;;
   *) echo "scripts/packet_ulps.sh: unknown function '$name' (erfc or exp)" >&2; exit 2 ;; esac
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# the function and the packet helper it calls (ExpReducedMinus1), in the file's order
-awk -v fn="$fn" '/^template <typename Packet>$/ {held = $0; next}
-     held != "" && (index($0, fn "(const Packet& x)") || index($0, "ExpReducedMinus1(const Packet& r)")) {on = 1; print held}
+# the function and the packet helpers it calls (ExpReducedMinus1, TimesPowerOfTwo), in the
+# file's order
+awk -v fn="$fn" '/^template <.*typename Packet>$/ {held = $0; next}
+     held != "" && (index($0, " " fn "(const Packet& x)") ||
+                    index($0, " ExpReducedMinus1(const Packet& r)") ||
+                    index($0, " TimesPowerOfTwo(const Packet& x, const Packet& k)")) {
+       on = 1; print held
+     }
      {held = ""} on {print} on && /^}$/ {on = 0}' "$here/../tf_autofuse/cc/interpreter.cc" \
   > "$work/${name}_packet.inc"
 include=$(python -c "import tensorflow as tf; print(tf.sysconfig.get_include())" 2>/dev/null)

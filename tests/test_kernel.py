@@ -427,12 +427,13 @@ def test_erfc_f32_dense_grid_tails_and_specials(ops):
 
 
 def test_exp_f32_dense_grid_boundaries_and_specials(ops):
-    """Exp f32 is our own (interpreter.cc, ExpPacket: no per-packet range test, the scale 2^k as
-    two powers of two). On 2^20 points over [-104, 89], runs of consecutive float32 below the
-    overflow boundary (ln FLT_MAX = 88.7228) and around the results 2^-126 and 2^-149, and near 0:
-    within 1.5 ulps of a float64 reference (over all float32 it is within 1.013, mean 0.064;
-    Eigen's fp32 exp, which TensorFlow's kernels use: 1.28, 0.074). A wrong digit in a
-    coefficient or a wrong split of the scale fails this. Special values exactly."""
+    """Exp f32 is our own (interpreter.cc, ExpPacket: no per-packet range test, the scale 2^k
+    rounded once: vscalefps on AVX-512, else two powers of two). On 2^20 points over [-104, 89],
+    runs of consecutive float32 below the overflow boundary (ln FLT_MAX = 88.7228) and around the
+    results 2^-126 and 2^-149, and near 0: within 1.5 ulps of a float64 reference (over all
+    float32 it is within 1.013, mean 0.064; Eigen's fp32 exp, which TensorFlow's kernels use:
+    1.28, 0.074). A wrong digit in a coefficient or a wrong split of the scale fails this. Special
+    values exactly."""
     rng = np.random.default_rng(11)
     overflow = np.float32(88.72283)
     parts = [np.linspace(-104.0, 89.0, 1 << 20).astype(np.float32),

@@ -1153,35 +1153,60 @@ EIGEN_STRONG_INLINE Packet ExpReducedMinus1(const Packet& r) {
   return pmadd(c, ei::pmul(r, r), r);
 }
 
+// x * 2^k rounded once, k a packet of integers held as floats, x normal and finite (or NaN, which
+// stays that NaN). AVX-512: one vscalefps (x * 2^floor(k), any k, overflow to inf and a subnormal
+// result included). Elsewhere 2^k is built in a float's exponent field from the integer k, which
+// needs 2^k normal: without kSplit one power, -126 <= k <= 127; with kSplit two, of half the
+// exponent each (floor(k / 2) and the rest), -252 <= k <= 254, the first product exact (x times
+// 2^floor(k / 2) normal) so that a subnormal result or an overflow to inf is still rounded once.
+// The same bits either way: ExpPacket, SigmoidPacket and ErfcPacket with vscalefps against the
+// integer-shift code, every float32 input, FTZ/DAZ off and on. One cost: without FTZ, a packet
+// with a subnormal result takes a microcode assist, ~1.2-1.5x as long after vscalefps as after a
+// multiply (exp on [-104, -87]: 4.0 vs 2.7 ns an element); TensorFlow's threads run with FTZ/DAZ.
+template <bool kSplit, typename Packet>
+EIGEN_STRONG_INLINE Packet TimesPowerOfTwo(const Packet& x, const Packet& k) {
+  namespace ei = Eigen::internal;
+#ifdef EIGEN_VECTORIZE_AVX512
+  if constexpr (std::is_same_v<Packet, ei::Packet16f>) return _mm512_scalef_ps(x, k);
+#endif
+  using PacketI = typename ei::unpacket_traits<Packet>::integer_packet;
+  const PacketI ki = ei::pcast<Packet, PacketI>(k);
+  const PacketI bias = ei::pset1<PacketI>(127);
+  if constexpr (kSplit) {
+    const PacketI half = ei::plogical_shift_right<1>(ei::padd(ki, ei::pset1<PacketI>(1 << 30)));
+    const PacketI k1 = ei::psub(half, ei::pset1<PacketI>(1 << 29));  // floor(k / 2)
+    const Packet s1 = ei::preinterpret<Packet>(ei::plogical_shift_left<23>(ei::padd(k1, bias)));
+    const Packet s2 = ei::preinterpret<Packet>(
+        ei::plogical_shift_left<23>(ei::padd(ei::psub(ki, k1), bias)));
+    return ei::pmul(ei::pmul(x, s1), s2);
+  } else {
+    return ei::pmul(x, ei::preinterpret<Packet>(ei::plogical_shift_left<23>(ei::padd(ki, bias))));
+  }
+}
+
 // exp x, fp32, one packet, no branch: x clamped to [-104, 88.73] (beyond, the result rounds to 0
 // or overflows to inf either way), k = round(x / ln2), r = x - k ln2 with ln2 in two parts (the
-// first product exact), |r| <= ln2/2; exp(r) = 1 + ExpReducedMinus1(r); then times 2^k as two
-// powers of two of half the exponent each, so that k down to -150 (a subnormal result, rounded
-// once) and up to 128 (inf) need no test. NaN stays NaN (pmin/pmax keep a NaN first operand), exp(-inf) = 0, exp(inf) = inf. Over all float32
-// (scripts/packet_ulps.sh exp): within 1.013 ulps, mean 0.064 (Eigen's fp32 exp, which
-// TensorFlow's kernels use: 1.28, 0.074).
+// first product exact), |r| <= ln2/2; exp(r) = 1 + ExpReducedMinus1(r); then times 2^k by
+// TimesPowerOfTwo, rounded once, so that k down to -150 (a subnormal result) and up to 128 (inf)
+// need no test. NaN stays NaN (pmin/pmax keep a NaN first operand), exp(-inf) = 0,
+// exp(inf) = inf. Over all float32 (scripts/packet_ulps.sh exp): within 1.013 ulps, mean 0.064
+// (Eigen's fp32 exp, which TensorFlow's kernels use: 1.28, 0.074).
 // Eigen's tests every packet for a lane out of its fast range (a horizontal reduction and a
-// branch a packet); this is ~0.82x its time (0.24 vs 0.30 ns an element, one core, L1-resident,
-// this Sapphire Rapids VM; abs->relu->exp [4096,4096] f32 5.8 -> 5.2 ms a step). Used for the
-// Exp op and inside fp32 Sigmoid; softplus, elu and the rest still use Eigen's.
+// branch a packet); this is ~0.5x its time (0.15 vs 0.29 ns an element, one core, L1-resident,
+// FTZ/DAZ on, this Sapphire Rapids VM, scripts/packet_ulps.sh exp; 0.25 with the scale as two
+// powers of two built by integer shifts, the portable path, before vscalefps; that version took
+// abs->relu->exp [4096,4096] f32 from 5.8 to 5.2 ms a step). Used for the Exp op and inside fp32
+// Sigmoid; softplus, elu and the rest still use Eigen's.
 template <typename Packet>
 EIGEN_STRONG_INLINE Packet ExpPacket(const Packet& x) {
   namespace ei = Eigen::internal;
   using ei::pset1;
-  using PacketI = typename ei::unpacket_traits<Packet>::integer_packet;
   const Packet c = ei::pmax(ei::pmin(x, pset1<Packet>(88.73f)), pset1<Packet>(-104.0f));
   const Packet k = ei::print(ei::pmul(c, pset1<Packet>(0x1.715476p+0f)));
   const Packet r = ei::pnmadd(k, pset1<Packet>(0x1.7f7d1cp-20f),
                               ei::pnmadd(k, pset1<Packet>(0x1.62e4p-1f), c));
   const Packet e = ei::padd(ExpReducedMinus1(r), pset1<Packet>(1.0f));
-  const PacketI ki = ei::pcast<Packet, PacketI>(k);
-  const PacketI half = ei::plogical_shift_right<1>(ei::padd(ki, ei::pset1<PacketI>(1 << 30)));
-  const PacketI k1 = ei::psub(half, ei::pset1<PacketI>(1 << 29));  // floor(k / 2)
-  const PacketI bias = ei::pset1<PacketI>(127);
-  const Packet s1 = ei::preinterpret<Packet>(ei::plogical_shift_left<23>(ei::padd(k1, bias)));
-  const Packet s2 = ei::preinterpret<Packet>(
-      ei::plogical_shift_left<23>(ei::padd(ei::psub(ki, k1), bias)));
-  return ei::pmul(ei::pmul(e, s1), s2);
+  return TimesPowerOfTwo</*kSplit=*/true>(e, k);
 }
 
 // y[i] = f(x[i]) over fp32 packets, two a turn (a transcendental's long dependency chain leaves
@@ -1217,7 +1242,8 @@ using FloatPacket = Eigen::internal::packet_traits<float>::type;
 // a^2 is split into hi + lo with an FMA and lo joins the reduced argument of exp, so the rounding
 // of a^2 (tens of ulps of the result near a = 10 if exp took it) does not reach the result;
 // exp(r) on |r| <= ln2/2 is 1 + r + r^2 C(r), deg C = 4. P carries a factor 2^-64 that the scale
-// 2^(k+64) takes back, so a result below 2^-126 is rounded once (TF's threads flush it to zero
+// 2^(k+64) of TimesPowerOfTwo takes back (a normal power of two for every k, one multiply on the
+// portable path), so a result below 2^-126 is rounded once (TF's threads flush it to zero
 // anyway). Coefficients: float32 relative-minimax fits (scripts/fit_erfc.py), each rounded to
 // float32 in turn and the rest refitted. NaN stays NaN, erfc(+inf) = 0, erfc(-inf) = 2.
 template <typename Packet>
@@ -1225,7 +1251,6 @@ EIGEN_STRONG_INLINE Packet ErfcPacket(const Packet& x) {
   namespace ei = Eigen::internal;
   using ei::pmadd;
   using ei::pset1;
-  using PacketI = typename ei::unpacket_traits<Packet>::integer_packet;
   const Packet a = ei::pmin(ei::pabs(x), pset1<Packet>(10.1f));  // pmin keeps a NaN first operand
   const Packet hi = ei::pmul(a, a);
   const Packet lo = ei::twoprod_low(a, a, hi);  // a^2 = hi + lo exactly (FMA or Veltkamp)
@@ -1253,9 +1278,8 @@ EIGEN_STRONG_INLINE Packet ErfcPacket(const Packet& x) {
   q = pmadd(q, a, pset1<Packet>(0x1.401a8cp+1f));
   q = pmadd(q, a, pset1<Packet>(0x1.349024p+1f));
   q = pmadd(q, a, pset1<Packet>(1.0f));
-  const Packet scale = ei::preinterpret<Packet>(ei::plogical_shift_left<23>(
-      ei::padd(ei::pcast<Packet, PacketI>(k), ei::pset1<PacketI>(127 + 64))));  // 2^(k+64)
-  const Packet y = ei::pmul(ei::pdiv(pmadd(t, p, p), q), scale);
+  const Packet y = TimesPowerOfTwo</*kSplit=*/false>(ei::pdiv(pmadd(t, p, p), q),
+                                                     ei::padd(k, pset1<Packet>(64.0f)));
   const Packet zero = ei::pzero(x);
   const Packet large = ei::pselect(ei::pcmp_lt(x, zero), ei::psub(pset1<Packet>(2.0f), y), y);
   return ei::pselect(ei::pcmp_lt(a, pset1<Packet>(0.5f)), small, large);
@@ -1264,10 +1288,12 @@ EIGEN_STRONG_INLINE Packet ErfcPacket(const Packet& x) {
 // Erfc. fp32: ErfcPacket, within 5.9 ulps of the exact value over all float32 (Eigen's fp32
 // erfc, used before: 6.2; both worst in the tail, x in [1, 9]), mean 0.30 ulps over |x| in
 // [2^-13, 10.1] (Eigen's: 0.32), 0.35 on GELU's N(0, 1/2) inputs (Eigen's: 0.43); measured with
-// scripts/packet_ulps.sh erfc. Cost: ~50 vector instructions and one division a packet, ~0.4-0.5 ns
-// an element on this Sapphire Rapids VM, about 0.55x Eigen's (which, for any packet holding an
-// |x| > 1, computes both of its branches, a reciprocal and a division). Two packets a turn: one
-// at a time, its long dependency chain left the core idle (5-10% slower in a standalone loop).
+// scripts/packet_ulps.sh erfc. Cost: ~50 vector instructions and one division a packet, 0.48 ns an
+// element (0.50 with the scale built by integer shifts, before vscalefps), 0.63x Eigen's 0.75
+// (one core, L1-resident, FTZ/DAZ on, this Sapphire Rapids VM, scripts/packet_ulps.sh erfc;
+// Eigen's, for any packet holding an |x| > 1, computes both of its branches, a reciprocal and a
+// division). Two packets a turn: one at a time, its long dependency chain left the core idle
+// (5-10% slower in a standalone loop).
 // Without FMA, pmadd falls back to a multiply and an add and twoprod_low to Veltkamp's split:
 // less accurate, not measured.
 // f64: the C library's long double erfcl (the double ones, Eigen's and glibc's, are up to ~30
