@@ -833,6 +833,12 @@ void Copy(const char* src, char* dst, int64_t bytes, bool stream) {
 
 void WidenHalf(const Eigen::half* src, float* dst, int64_t n) {
   int64_t i = 0;
+#ifdef __AVX512F__
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+  }
+#endif
 #ifdef TF_AUTOFUSE_X86_CONVERT
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -844,6 +850,18 @@ void WidenHalf(const Eigen::half* src, float* dst, int64_t n) {
 
 void NarrowToHalf(const float* src, Eigen::half* dst, int64_t n, bool stream) {
   int64_t i = 0;
+#ifdef __AVX512F__
+  const bool stream32 = stream && Aligned(dst, 32);
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    if (stream32) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), h);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+    }
+  }
+#endif
 #ifdef TF_AUTOFUSE_X86_CONVERT
   stream = stream && Aligned(dst, 16);
   for (; i + 8 <= n; i += 8) {
@@ -2653,7 +2671,13 @@ void StripCompute(OpCode op, const float* a, bool a_tile, const float* b, bool b
     case OpCode::kSquare: unary([](const P& x) { return ei::pmul(x, x); }); break;
     case OpCode::kSqrt: unary([](const P& x) { return ei::psqrt(x); }); break;
     case OpCode::kRelu:
+#if defined(EIGEN_VECTORIZE_SSE) || defined(EIGEN_VECTORIZE_AVX) || defined(EIGEN_VECTORIZE_AVX512)
+      // one maxps(0, x), which already gives x for a NaN x and -0 for -0: the same bits as
+      // pmax<PropagateNaN>(x, 0) (its NaN test and select) on x86
+      unary([](const P& x) { return ei::pmax(x, ei::pzero(x)); });
+#else
       unary([](const P& x) { return ei::pmax<PropagateNaN>(x, ei::pzero(x)); });
+#endif
       break;
     case OpCode::kRelu6:
       unary([](const P& x) {
@@ -2757,36 +2781,76 @@ std::string StepLabel(const Step& step) {
   return "?";
 }
 
-// A run over one full tile of `count` elements, strip after strip.
+// Where one operand of a run's op is for this tile: element i of a strip at data + i * moves
+// (moves 0: a register's strip buffer, or one value splat).
+struct StripPointer {
+  const char* data = nullptr;
+  int64_t moves = 0;  // bytes per element of the tile
+  bool tile = true;   // false: one value, splat
+  const float* at(int64_t i) const { return reinterpret_cast<const float*>(data + i * moves); }
+};
+
+// A run over one full tile of `count` elements, strip after strip. The operands' addresses are
+// resolved once for the tile.
 template <typename Address>
 void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame,
                const Address& address, bool scalar_reduced, int64_t offset, int64_t count) {
   alignas(64) float registers[kMaxStripRegisters * kStrip];
-  auto fetch = [&](const StripOperand& o, int64_t i, bool* tile) -> const float* {
+  struct Resolved {
+    StripPointer src[2];
+    char* home = nullptr;  // the tensor or buffer written (kStore, kAccumulate, write-back)
+    int64_t home_moves = 0;
+  };
+  thread_local std::vector<Resolved> per_thread;  // reached once: a TLS lookup is a call
+  per_thread.assign(run.ops.size(), Resolved());
+  Resolved* resolved = per_thread.data();
+  auto pointer = [&](const StripOperand& o) {
+    StripPointer p;
     switch (o.kind) {
       case StripOperand::Kind::kRegister:
-        *tile = true;
-        return registers + o.reg * kStrip;
+        p.data = reinterpret_cast<const char*>(registers + o.reg * kStrip);
+        break;
       case StripOperand::Kind::kImmediate:
-        *tile = false;
-        return &o.loc.imm.f32;
+        p.data = reinterpret_cast<const char*>(&o.loc.imm.f32);
+        p.tile = false;
+        break;
       case StripOperand::Kind::kMemory:
+        p.data = address(o.loc);
+        p.tile = !(o.loc.is(Loc::Kind::kReduced) && scalar_reduced);
+        p.moves = !p.tile                               ? 0
+                  : o.loc.is(Loc::Kind::kInput) && o.loc.elem_size > 0 ? o.loc.elem_size
+                                                        : sizeof(float);
         break;
     }
-    const float* base = reinterpret_cast<const float*>(address(o.loc));
-    *tile = !(o.loc.is(Loc::Kind::kReduced) && scalar_reduced);
-    return *tile ? base + i : base;
+    return p;
   };
+  for (size_t k = 0; k < run.ops.size(); ++k) {
+    const StripOp& op = run.ops[k];
+    Resolved& r = resolved[k];
+    for (int m = 0; m < op.num_src; ++m) r.src[m] = pointer(op.src[m]);
+    if (op.kind == StripOp::Kind::kStore) {
+      r.home = address(op.home);
+      r.home_moves = op.home.elem_size;
+    } else if (op.kind == StripOp::Kind::kAccumulate) {
+      r.home = address(op.home);  // lanes: one scalar of kLanes lanes (strips start at
+                                  // multiples of kLanes); else an accumulator per element
+      r.home_moves = frame.lanes ? 0 : ComputeSize(schedule.steps[op.step].acc_ctype);
+    } else if (op.write_back) {
+      r.home = address(op.home);
+      r.home_moves = sizeof(float);
+    }
+  }
   for (int64_t i = 0; i < count; i += kStrip) {
     const int64_t n = std::min(kStrip, count - i);
-    for (const StripOp& op : run.ops) {
+    for (size_t k = 0; k < run.ops.size(); ++k) {
+      const StripOp& op = run.ops[k];
+      const Resolved& r = resolved[k];
       float* dst = op.dst >= 0 ? registers + op.dst * kStrip : nullptr;
       switch (op.kind) {
-        case StripOp::Kind::kLoad: {
-          const Loc& in = op.src[0].loc;
-          LoadTile(op.dtype, address(in) + i * in.elem_size, reinterpret_cast<char*>(dst), n, n);
+        case StripOp::Kind::kLoad:
+          LoadTile(op.dtype, r.src[0].data + i * r.src[0].moves, reinterpret_cast<char*>(dst),
+                   n, n);
           break;
-        }
         case StripOp::Kind::kBroadcastLoad: {
           const int j = op.src[0].loc.index;
           BroadcastLoad(frame.run.full_plans[j], op.dtype, frame.io.inputs[j],
@@ -2794,35 +2858,22 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
           break;
         }
         case StripOp::Kind::kAccumulate: {
-          // lanes: one scalar of kLanes lanes (strips start at multiples of kLanes); else one
-          // accumulator per element of the tile
-          const Step& step = schedule.steps[op.step];
-          bool tile = false;
-          const float* src = fetch(op.src[0], i, &tile);
-          const int64_t at = frame.lanes ? 0 : i * ComputeSize(step.acc_ctype);
-          char* acc = address(op.home);
-          Accumulate(step, reinterpret_cast<const char*>(src), acc + at,
-                     acc + frame.plans.buffer_bytes + at, n, frame.lanes);
+          char* acc = r.home + i * r.home_moves;
+          Accumulate(schedule.steps[op.step], reinterpret_cast<const char*>(r.src[0].at(i)), acc,
+                     acc + frame.plans.buffer_bytes, n, frame.lanes);
           break;
         }
-        case StripOp::Kind::kCompute: {
-          bool a_tile = false, b_tile = false;
-          const float* a = fetch(op.src[0], i, &a_tile);
-          const float* b = op.num_src > 1 ? fetch(op.src[1], i, &b_tile) : nullptr;
-          StripCompute(op.op, a, a_tile, b, b_tile, op.alpha, dst, n);
+        case StripOp::Kind::kCompute:
+          StripCompute(op.op, r.src[0].at(i), r.src[0].tile,
+                       op.num_src > 1 ? r.src[1].at(i) : nullptr, r.src[1].tile, op.alpha, dst,
+                       n);
           break;
-        }
-        case StripOp::Kind::kStore: {
-          bool tile = false;
-          const float* src = fetch(op.src[0], i, &tile);
-          StoreTile(op.dtype, reinterpret_cast<const char*>(src),
-                    address(op.home) + i * op.home.elem_size, n, op.stream);
+        case StripOp::Kind::kStore:
+          StoreTile(op.dtype, reinterpret_cast<const char*>(r.src[0].at(i)),
+                    r.home + i * r.home_moves, n, op.stream);
           break;
-        }
       }
-      if (op.write_back) {
-        std::memcpy(address(op.home) + i * sizeof(float), dst, n * sizeof(float));
-      }
+      if (op.write_back) std::memcpy(r.home + i * r.home_moves, dst, n * sizeof(float));
     }
   }
 }
