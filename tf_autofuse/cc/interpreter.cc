@@ -2538,6 +2538,7 @@ bool StripStep(const Step& step, bool accumulate) {
 // Steps [begin, end) of `schedule` as a run, registers numbered per location written; false if
 // they need more than kMaxStripRegisters.
 bool BuildStripRun(const Schedule& schedule, int begin, int end, StripRun* run) {
+  *run = StripRun();
   run->begin = begin;
   run->end = end;
   std::map<std::pair<int, int>, int> reg_of;  // (Loc kind, index) written in the run -> register
