@@ -36,11 +36,6 @@ def run(tmp_path, dfx, script=SCRIPT):
                           capture_output=True, text=True, timeout=600)
 
 
-def parts(what: str) -> list[str]:
-    """The steps a profile row times: one, or those of a strip-fused span ("strips: a; b")."""
-    return what[len("strips: "):].split("; ") if what.startswith("strips: ") else [what]
-
-
 def test_profile_names_every_step_of_the_fused_kernel(tmp_path):
     done = run(tmp_path, "--kernel_profile=prof/../kp.csv")  # relative to the cwd at import
     assert done.returncode == 0, done.stderr[-2000:]
@@ -51,18 +46,17 @@ def test_profile_names_every_step_of_the_fused_kernel(tmp_path):
     call = [r for r in rows if r["step"] == "call"]
     assert len(call) == 1 and int(call[0]["runs"]) == 5
     steps = [r for r in rows if r["step"] != "call"]
-    whats = [w for r in steps for w in parts(r["what"])]
+    whats = [r["what"].removesuffix(" (in strips)") for r in steps]
     # the f16 input widened, the bias broadcast, each instruction, the row sums, the store
     assert whats[0] == "load in0 (f16)" and any(w.startswith("broadcast load in1") for w in whats)
     for op in ("Abs", "Add", "Relu", "Exp"):
         assert any(w.startswith(op + " ") for w in whats), (op, whats)
     assert any(w.startswith("accumulate Sum") for w in whats)
     assert any(w.startswith("store out0 (f16") for w in whats)
-    # strip fusion runs the spans of elementwise steps as one row each
-    assert any(r["what"].startswith("strips: ") for r in steps)
+    # strip fusion runs spans of elementwise steps strip by strip; each step keeps its row
+    assert any(r["what"].endswith(" (in strips)") for r in steps)
     # every run of a full step covers the tensor once per call
-    assert all(int(r["elements"]) == 5 * 128 * 192 for r in steps
-               if any(w.startswith("Exp") for w in parts(r["what"])))
+    assert all(int(r["elements"]) == 5 * 128 * 192 for r in steps if r["what"].startswith("Exp"))
     assert sum(float(r["share"]) for r in steps) == pytest.approx(1.0, abs=0.01)
     assert all(float(r["total_us"]) >= 0 for r in rows)
 
@@ -106,6 +100,6 @@ def test_softmax_evaluates_exp_once_when_its_row_fits_the_kept_budget(tmp_path, 
     done = run(tmp_path, "--kernel_profile=kp.csv", SOFTMAX.format(width=width))
     assert done.returncode == 0, done.stderr[-2000:]
     steps = [r for r in csv.DictReader((tmp_path / "kp.csv").open()) if r["step"] != "call"]
-    exp = [r for r in steps if any(w.startswith("Exp ") for w in parts(r["what"]))]
+    exp = [r for r in steps if r["what"].startswith("Exp ")]
     assert len(exp) == exps, [r["what"] for r in steps]
     assert all(int(r["elements"]) == 3 * 64 * width for r in exp)

@@ -2841,11 +2841,20 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
       r.home_moves = sizeof(float);
     }
   }
+  // --kernel_profile: each op timed strip by strip, reported as its step's row
+  std::chrono::steady_clock::time_point started;
+  thread_local std::vector<int64_t> spent_per_thread;
+  int64_t* spent = nullptr;
+  if (frame.profile != nullptr) {
+    spent_per_thread.assign(run.ops.size(), 0);
+    spent = spent_per_thread.data();
+  }
   for (int64_t i = 0; i < count; i += kStrip) {
     const int64_t n = std::min(kStrip, count - i);
     for (size_t k = 0; k < run.ops.size(); ++k) {
       const StripOp& op = run.ops[k];
       const Resolved& r = resolved[k];
+      if (spent != nullptr) started = std::chrono::steady_clock::now();
       float* dst = op.dst >= 0 ? registers + op.dst * kStrip : nullptr;
       switch (op.kind) {
         case StripOp::Kind::kLoad:
@@ -2875,15 +2884,18 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
           break;
       }
       if (op.write_back) std::memcpy(r.home + i * r.home_moves, dst, n * sizeof(float));
+      if (spent != nullptr) {
+        spent[k] += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - started).count();
+      }
     }
   }
-}
-
-// "strips: Abs slot0 <- in0; Exp slot0 <- slot0; store out0 (f16)" (the kernel profile).
-std::string StripRunLabel(const Schedule& schedule, const StripRun& run) {
-  std::vector<std::string> labels;
-  for (int pos = run.begin; pos < run.end; ++pos) labels.push_back(StepLabel(schedule.steps[pos]));
-  return absl::StrCat("strips: ", absl::StrJoin(labels, "; "));
+  for (size_t k = 0; spent != nullptr && k < run.ops.size(); ++k) {
+    const Step& step = schedule.steps[run.ops[k].step];
+    frame.profile->AddStep(
+        &step, [&step] { return absl::StrCat(StepLabel(step), " (in strips)"); }, spent[k],
+        count);
+  }
 }
 
 // One tile: `valid` elements from `offset` of the schedule's space (the iteration shape, or the
@@ -2923,11 +2935,6 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
     if (!schedule.run_at.empty() && schedule.run_at[pos] >= 0) {
       const StripRun& run = schedule.runs[schedule.run_at[pos]];
       RunStrips(schedule, run, frame, address, scalar_reduced, offset, count);
-      if (frame.profile != nullptr) {
-        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - started).count();
-        frame.profile->AddStep(&step, [&] { return StripRunLabel(schedule, run); }, ns, valid);
-      }
       pos = run.end - 1;
       continue;
     }
