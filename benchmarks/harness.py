@@ -437,14 +437,16 @@ def run_process(mode: str, names: list[str], round_index: int, opts, out_dir: st
     if opts.steps is not None:
         command += ["--steps", str(opts.steps)]
     env = child_env(mode, REPO_ROOT, autofuse_flags)
-    dfx = [getattr(opts, "autofuse_dfx_flags", None) or ""] if mode == "autofuse" else []
+    dfx = []  # the autofuse mode's AUTOFUSE_DFX_FLAGS items
+    if mode == "autofuse" and getattr(opts, "autofuse_dfx_flags", None):
+        dfx.append(opts.autofuse_dfx_flags)
     if mode == "autofuse" and getattr(opts, "kernel_profile", None):
         os.makedirs(opts.kernel_profile, exist_ok=True)
         label = names[0] if len(names) == 1 else f"{names[0]}-and-{len(names) - 1}-more"
         path = os.path.join(os.path.abspath(opts.kernel_profile), f"{label}.r{round_index}.csv")
         dfx.append(f"--kernel_profile={path}")
-    if any(dfx):
-        env["AUTOFUSE_DFX_FLAGS"] = ";".join(item for item in dfx if item)
+    if dfx:
+        env["AUTOFUSE_DFX_FLAGS"] = ";".join(dfx)
     started = time.monotonic()
     try:
         proc = subprocess.run(command, env=env,

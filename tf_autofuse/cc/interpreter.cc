@@ -268,8 +268,7 @@ struct StripOp {
 };
 
 struct StripRun {
-  int begin = 0, end = 0;     // the steps [begin, end) it replaces
-  int num_registers = 0;
+  int end = 0;                // the run replaces the steps from where it starts up to `end`
   std::vector<StripOp> ops;
 };
 
@@ -2541,7 +2540,6 @@ bool StripStep(const Step& step, bool accumulate) {
 // they need more than kMaxStripRegisters.
 bool BuildStripRun(const Schedule& schedule, int begin, int end, StripRun* run) {
   *run = StripRun();
-  run->begin = begin;
   run->end = end;
   std::map<std::pair<int, int>, int> reg_of;  // (Loc kind, index) written in the run -> register
   std::map<std::pair<int, int>, int> last_writer;  // -> index in run->ops
@@ -2580,8 +2578,8 @@ bool BuildStripRun(const Schedule& schedule, int begin, int end, StripRun* run) 
       if (step.op == OpCode::kLeakyRelu) op.alpha = step.attr.imm.f32;
       auto it = reg_of.find(key(step.dst));
       if (it == reg_of.end()) {
-        if (run->num_registers == kMaxStripRegisters) return false;
-        it = reg_of.emplace(key(step.dst), run->num_registers++).first;
+        if (static_cast<int>(reg_of.size()) == kMaxStripRegisters) return false;
+        it = reg_of.emplace(key(step.dst), static_cast<int>(reg_of.size())).first;
       }
       op.dst = it->second;
       op.home = step.dst;
@@ -2820,9 +2818,8 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
       case StripOperand::Kind::kMemory:
         p.data = address(o.loc);
         p.tile = !(o.loc.is(Loc::Kind::kReduced) && scalar_reduced);
-        p.moves = !p.tile                               ? 0
-                  : o.loc.is(Loc::Kind::kInput) && o.loc.elem_size > 0 ? o.loc.elem_size
-                                                        : sizeof(float);
+        // a tensor's element size, or a buffer's fp32 (slots, kept and reduced buffers)
+        p.moves = !p.tile ? 0 : o.loc.elem_size > 0 ? o.loc.elem_size : sizeof(float);
         break;
     }
     return p;
