@@ -490,6 +490,104 @@ def test_chain_abs_relu_exp(ops, dtype, n):
     assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, f"abs->relu->exp {dtype}")
 
 
+# A Relu of a value never below -0 is dropped before planning (simplify.h); these check that
+# it is dropped only where max(x, 0) is x itself.
+_NEVER_NEGATIVE = {  # producer -> (TensorFlow's op, float64 reference)
+    "Abs": (tf.abs, np.abs),
+    "Relu": (tf.nn.relu, lambda x: np.maximum(x, 0)),
+    "Relu6": (tf.nn.relu6, lambda x: np.minimum(np.maximum(x, 0), 6)),
+    "Exp": (tf.exp, np.exp),
+    "Sigmoid": (tf.sigmoid, lambda x: _sigmoid(x)),
+    "Square": (tf.square, np.square),
+    "Erfc": (tf.math.erfc, lambda x: np.vectorize(math.erfc, otypes=[np.float64])(x)),
+}
+_RELU_SPECIALS = [np.nan, -np.nan, -0.0, 0.0, np.inf, -np.inf, 1e-30, -1e-30, 1e-40, -1e-40]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
+@pytest.mark.parametrize("producer", sorted(_NEVER_NEGATIVE))
+def test_relu_of_a_never_negative_value_is_that_value(ops, producer, dtype):
+    """P -> Relu gives the bits of P alone (NaN payloads, zeros, infinities, subnormals, a
+    ragged tile included), and TensorFlow's relu(P(x)) within P's own tolerance."""
+    n = 3 * 4096 + 37
+    v = np.random.default_rng(5).normal(0, 3, n)
+    v[:len(_RELU_SPECIALS)] = _RELU_SPECIALS
+    x = tf.cast(tf.constant(v), DTYPES[dtype])
+    decl = [f"{dtype}[{n}]"]
+    (with_relu,) = run_fused(ops, program_text(decl, [f"{producer} in0", "Relu %0"], ["%1"]),
+                             [x], [DTYPES[dtype]])
+    (alone,) = run_fused(ops, program_text(decl, [f"{producer} in0"], ["%0"]), [x],
+                         [DTYPES[dtype]])
+    bits = {"f32": np.uint32, "f64": np.uint64}.get(dtype, np.uint16)
+    np.testing.assert_array_equal(with_relu.numpy().view(bits), alone.numpy().view(bits))
+    tf_op, ref_fn = _NEVER_NEGATIVE[producer]
+    x64 = as_f64(x)
+    with np.errstate(all="ignore"):
+        ref = np.maximum(ref_fn(x64), 0)
+    assert_float_close(as_f64(with_relu), as_f64(tf.nn.relu(tf_op(x))), ref, dtype,
+                       f"{producer} -> Relu {dtype}", bound_ulps=_BOUND_ULPS.get(producer, 0))
+    assert not np.any(as_f64(with_relu) < 0)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
+@pytest.mark.parametrize("op", ["Relu", "Relu6"])
+def test_relu_gives_x_for_negative_zero_and_nan_on_every_path(ops, op, dtype):
+    """x < 0 ? 0 : x: -0 and NaN come out as x itself, in strips (full tiles, fp32 compute),
+    over whole tiles (the ragged tail, f64) and alone or followed by another instruction (where
+    strips run). TensorFlow's own float32 Relu gives -0 from its scalar loop and +0 from its
+    vectorised one, so zeros are compared with it by value."""
+    n = 2 * 4096 + 37
+    v = np.tile(np.array(_RELU_SPECIALS + [-2.0, 7.0, 3.0]), n // 13 + 1)[:n]
+    x = tf.cast(tf.constant(v), DTYPES[dtype])
+    xv = x.numpy()
+    bits = {"f32": np.uint32, "f64": np.uint64}.get(dtype, np.uint16)
+    want = np.where(xv < 0, np.zeros_like(xv), xv)  # keeps -0 and the NaNs
+    if op == "Relu6":
+        want = np.where(want > 6, np.full_like(xv, 6), want)
+    tf_value = {"Relu": tf.nn.relu, "Relu6": tf.nn.relu6}[op](x).numpy()
+    for lines in ([f"{op} in0"], [f"{op} in0", "Mul %0, 1"]):
+        (got,) = run_fused(ops, program_text([f"{dtype}[{n}]"], lines, [f"%{len(lines) - 1}"]),
+                           [x], [DTYPES[dtype]])
+        g = got.numpy()
+        nan = np.isnan(g.astype(np.float64))
+        np.testing.assert_array_equal(nan, np.isnan(xv.astype(np.float64)), err_msg=str(lines))
+        np.testing.assert_array_equal(g.view(bits)[~nan], want.view(bits)[~nan],
+                                      err_msg=str(lines))
+        np.testing.assert_array_equal(g[~nan], tf_value[~nan], err_msg=str(lines))
+
+
+@pytest.mark.parametrize("lines, ref", [
+    (["Neg in0", "Relu %0"], lambda x: np.maximum(-x, 0)),
+    (["Sub in0, 1.5", "Relu %0"], lambda x: np.maximum(x - 1.5, 0)),
+    (["Abs in0", "Neg %0", "Relu %1"], lambda x: np.zeros_like(x)),
+    (["Abs in0", "Tanh %0", "Sub %1, 0.5", "Relu %2"], lambda x: np.maximum(np.tanh(np.abs(x)) - 0.5, 0)),
+])
+def test_relu_of_a_possibly_negative_value_stays(ops, lines, ref):
+    n = 4096 + 5
+    x = np.random.default_rng(6).normal(0, 2, n).astype(np.float32)
+    program = program_text([f"f32[{n}]"], lines, [f"%{len(lines) - 1}"])
+    (fused,) = run_fused(ops, program, [tf.constant(x)], [tf.float32])
+    np.testing.assert_allclose(as_f64(fused), ref(x.astype(np.float64)), rtol=1e-6, atol=1e-7)
+    assert np.all(fused.numpy() >= 0)
+
+
+def test_relu_of_an_int_abs_stays_and_relu_outputs_are_kept(ops):
+    """Abs of INT32_MIN wraps negative, so an i32 Relu of Abs is computed; a Relu that is an
+    output is kept next to its operand, also an output."""
+    x = tf.constant([INT32_MIN, -3, 0, 5], tf.int32)
+    program = program_text(["i32[4]"], ["Abs in0", "Relu %0"], ["%1", "%0"])
+    relu, absolute = run_fused(ops, program, [x], [tf.int32, tf.int32])
+    np.testing.assert_array_equal(relu.numpy(), tf.nn.relu(tf.abs(x)).numpy())
+    np.testing.assert_array_equal(relu.numpy(), [0, 3, 0, 5])
+    np.testing.assert_array_equal(absolute.numpy(), [INT32_MIN, 3, 0, 5])
+    y = tf.constant([-2.0, np.nan, -0.0, 4.0], tf.float32)
+    program = program_text(["f32[4]"], ["Abs in0", "Relu %0", "Exp %1"], ["%2", "%1"])
+    out, relu = run_fused(ops, program, [y], [tf.float32, tf.float32])
+    np.testing.assert_array_equal(relu.numpy().view(np.uint32),
+                                  np.abs(y.numpy()).view(np.uint32))
+    np.testing.assert_allclose(out.numpy(), np.exp(np.abs(y.numpy())), rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("n", [100, 50_001])
 def test_diamond_two_outputs(ops, dtype, n):

@@ -103,3 +103,36 @@ def test_softmax_evaluates_exp_once_when_its_row_fits_the_kept_budget(tmp_path, 
     exp = [r for r in steps if r["what"].startswith("Exp ")]
     assert len(exp) == exps, [r["what"] for r in steps]
     assert all(int(r["elements"]) == 3 * 64 * width for r in exp)
+
+
+CHAIN = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    import tf_autofuse
+    tf1 = tf.compat.v1
+    tf_autofuse.compat.enable_v1()
+    x = tf1.placeholder(tf.float32, [256, 512], name="x")
+    y = tf.exp(tf.nn.relu(tf.abs(x)), name="y")
+    z = tf.nn.relu(tf.exp(x) - 1.5, name="z")
+    v = np.random.default_rng(0).normal(size=(256, 512)).astype(np.float32)
+    with tf1.Session() as sess:
+        out_y, out_z = sess.run([y, z], {x: v})
+    np.testing.assert_allclose(out_y, np.exp(np.abs(v)), rtol=2e-6)
+    np.testing.assert_allclose(out_z, np.maximum(np.exp(v) - 1.5, 0), rtol=2e-6, atol=1e-6)
+""")
+
+
+def test_relu_of_a_never_negative_value_is_not_computed(tmp_path):
+    """In abs -> relu -> exp the Relu (of |x|, never below 0) is dropped before planning
+    (simplify.h): the kernel keeps its name but runs no Relu step; a Relu of exp(x) - 1.5 runs."""
+    done = run(tmp_path, "--kernel_profile=kp.csv", CHAIN)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [r for r in csv.DictReader((tmp_path / "kp.csv").open()) if r["step"] != "call"]
+    kernels = {r["kernel"] for r in rows}
+    chain = next(k for k in kernels if "Abs_Relu_Exp" in k)
+    other = next(k for k in kernels if k != chain)
+    whats = {k: [r["what"] for r in rows if r["kernel"] == k] for k in kernels}
+    assert not any(w.startswith("Relu ") for w in whats[chain]), whats[chain]
+    assert any(w.startswith("Abs ") for w in whats[chain])
+    assert any(w.startswith("Exp ") for w in whats[chain])
+    assert any(w.startswith("Relu ") for w in whats[other]), whats[other]

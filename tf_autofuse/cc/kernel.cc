@@ -33,6 +33,7 @@
 #include "npu_dispatch.h"  // tf_autofuse/codegen/host (-I added by _build.py)
 #include "output_cache.h"
 #include "program.h"
+#include "simplify.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -345,6 +346,7 @@ class AutofuseKernelOp : public OpKernel {
                                     absl::StrCat("AutofuseKernel '", ctx->def().name(), "'"),
                                     &program));
     num_inputs_ = static_cast<int>(program.inputs.size());
+    SimplifyProgram(&program);  // simplify.h: e.g. a Relu of an Abs is the Abs
     HoistedProgram split;
     if (HoistInvariants(program, &split)) {  // hoist.h: invariants computed once per run
       prologue_ = std::make_unique<Interpreter>(std::move(split.prologue));
