@@ -532,9 +532,9 @@ def test_relu_of_a_never_negative_value_is_that_value(ops, producer, dtype):
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
 @pytest.mark.parametrize("op", ["Relu", "Relu6"])
 def test_relu_gives_x_for_negative_zero_and_nan_on_every_path(ops, op, dtype):
-    """x < 0 ? 0 : x: -0 and NaN come out as x itself, in strips (full tiles, fp32 compute),
-    over whole tiles (the ragged tail, f64) and alone or followed by another instruction (where
-    strips run). TensorFlow's own float32 Relu gives -0 from its scalar loop and +0 from its
+    """Relu is x < 0 ? 0 : x (Relu6: -0 gives +0), the same bits in strips (full tiles, fp32
+    compute), over whole tiles (the ragged tail, f64) and alone or followed by another
+    instruction (where strips run). TensorFlow's own float32 Relu gives -0 from its scalar loop and +0 from its
     vectorised one, so zeros are compared with it by value."""
     n = 2 * 4096 + 37
     v = np.tile(np.array(_RELU_SPECIALS + [-2.0, 7.0, 3.0]), n // 13 + 1)[:n]
@@ -542,8 +542,8 @@ def test_relu_gives_x_for_negative_zero_and_nan_on_every_path(ops, op, dtype):
     xv = x.numpy()
     bits = {"f32": np.uint32, "f64": np.uint64}.get(dtype, np.uint16)
     want = np.where(xv < 0, np.zeros_like(xv), xv)  # keeps -0 and the NaNs
-    if op == "Relu6":
-        want = np.where(want > 6, np.full_like(xv, 6), want)
+    if op == "Relu6":  # min(max(x, 0), 6) with NaN propagated: -0 gives +0
+        want = np.where(want > 6, np.full_like(xv, 6), np.where(want == 0, 0, want)).astype(xv.dtype)
     tf_value = {"Relu": tf.nn.relu, "Relu6": tf.nn.relu6}[op](x).numpy()
     for lines in ([f"{op} in0"], [f"{op} in0", "Mul %0, 1"]):
         (got,) = run_fused(ops, program_text([f"{dtype}[{n}]"], lines, [f"%{len(lines) - 1}"]),

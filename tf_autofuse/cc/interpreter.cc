@@ -1379,19 +1379,6 @@ auto IsNegative(const Eigen::ArrayBase<X>& x) {
       .array();
 }
 
-// x < 0 ? 0 : x, as TensorFlow's Relu and the tile path's (RunFloatActivation): a NaN x and
-// -0 give x itself. On x86 one maxps(0, x), which returns its second operand x when x is NaN
-// or both are zeros.
-template <typename Packet>
-EIGEN_STRONG_INLINE Packet ReluPacket(const Packet& x) {
-  namespace ei = Eigen::internal;
-#if defined(EIGEN_VECTORIZE_SSE) || defined(EIGEN_VECTORIZE_AVX) || defined(EIGEN_VECTORIZE_AVX512)
-  return ei::pmax(x, ei::pzero(x));  // Eigen's pmax(a, b) is maxps(b, a)
-#else
-  return ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), ei::pzero(x), x);
-#endif
-}
-
 // e = exp(-|x|) never overflows; x < 0: e / (1 + e), else 1 / (1 + e). Within ~2 ulps (Eigen's
 // fp32 logistic() is up to 4.5 ulps off). fp32: one packet function, one division an element.
 // Other types: in blocks, so that exp runs once per element: a block of x is read before the
@@ -1432,7 +1419,7 @@ void RunFloatActivation(OpCode op, In<T> x, Out<T> out) {
       out = (x < zero).select(zero, x);
       break;
     case OpCode::kRelu6:
-      out = (x < zero).select(zero, x).template min<Eigen::PropagateNaN>(T(6));
+      out = x.template max<Eigen::PropagateNaN>(zero).template min<Eigen::PropagateNaN>(T(6));
       break;
     case OpCode::kElu:
       out = IsNegative(x).select(Expm1(x), x);
@@ -2684,9 +2671,22 @@ void StripCompute(OpCode op, const float* a, bool a_tile, const float* b, bool b
     case OpCode::kNeg: unary([](const P& x) { return ei::pnegate(x); }); break;
     case OpCode::kSquare: unary([](const P& x) { return ei::pmul(x, x); }); break;
     case OpCode::kSqrt: unary([](const P& x) { return ei::psqrt(x); }); break;
-    case OpCode::kRelu: unary([](const P& x) { return ReluPacket(x); }); break;
+    case OpCode::kRelu:
+#if defined(EIGEN_VECTORIZE_SSE) || defined(EIGEN_VECTORIZE_AVX) || defined(EIGEN_VECTORIZE_AVX512)
+      // one maxps(0, x) (Eigen's pmax(a, b) is maxps(b, a)), which returns its second operand
+      // x when x is NaN or both are zeros: x < 0 ? 0 : x, as the tile path's
+      unary([](const P& x) { return ei::pmax(x, ei::pzero(x)); });
+#else
+      unary([](const P& x) {
+        return ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), ei::pzero(x), x);
+      });
+#endif
+      break;
     case OpCode::kRelu6:
-      unary([](const P& x) { return ei::pmin<PropagateNaN>(ReluPacket(x), ei::pset1<P>(6.0f)); });
+      unary([](const P& x) {
+        return ei::pmin<PropagateNaN>(ei::pmax<PropagateNaN>(x, ei::pzero(x)),
+                                      ei::pset1<P>(6.0f));
+      });
       break;
     case OpCode::kLeakyRelu: {
       const P scale = ei::pset1<P>(alpha);
