@@ -905,6 +905,8 @@ _STRIP_PROGRAMS = {
                      "LeakyRelu %0 alpha=0.3", "Relu6 %5", "Maximum %6, %4", "Minimum %7, in1",
                      "Div %8, 3.0", "SquaredDifference %9, %2", "Square %10", "Neg %11",
                      "Abs %12", "Add -1.5, %13", "Tanh %14"], ["%15", "%2"]),
+    # one unary op: in f16 its load and its store both fold into it
+    "one_op": (1, ["Sigmoid in0"], ["%0"]),
     # 14 values live at once: more than a run's strip buffers, so the span is cut in two
     "many_live": (1, [f"Mul in0, {k + 2}.0" for k in range(14)]
                   + ["Add %0, %1"] + [f"Add %{14 + k}, %{k + 2}" for k in range(12)],
@@ -921,6 +923,8 @@ def _strip_refs(name, x, y):
         return [np.exp(np.maximum(np.abs(x), 0)), np.abs(x)]
     if name == "gelu_tanh":
         return [0.5 * x * (1 + np.tanh(0.7978846 * (x + 0.044715 * x ** 3)))]
+    if name == "one_op":
+        return [1 / (1 + np.exp(-x))]
     if name == "many_live":
         return [x * sum(k + 2 for k in range(14)), x * 15.0]
     d = x - y
