@@ -1395,7 +1395,10 @@ EIGEN_STRONG_INLINE Packet SigmoidPacket(const Packet& x) {
   namespace ei = Eigen::internal;
   const Packet one = ei::pset1<Packet>(1.0f);
   const Packet e = ExpPacket(ei::pnegate(ei::pabs(x)));
-  return ei::pdiv(ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), e, one), ei::padd(one, e));
+  const Packet y = ei::pdiv(ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), e, one), ei::padd(one, e));
+  // a NaN x gives x: which NaN the arithmetic would give (its sign) depends on the operand
+  // order g++ picks for the commutative add, which differed between the strip and tile paths
+  return ei::pselect(ei::pcmp_eq(x, x), y, x);
 }
 
 template <typename T>
@@ -2763,21 +2766,13 @@ EIGEN_STRONG_INLINE void StripBinary(const float* a, bool a_tile, const float* b
   }
 }
 
-// One instruction of a run over n elements of a strip.
-// Always inlined into RunStrips: called out of line (as g++ chose once RunStrips grew), the fp32
-// strip workloads ran 20-40 % slower.
-EIGEN_ALWAYS_INLINE void StripCompute(OpCode op, const float* a, bool a_tile, const float* b,
-                                      bool b_tile, float alpha, float* d, int64_t n) {
+// The unary instructions strips run: unary(f) maps the packet function f over the strip; false
+// for any other op. StripCompute and StripComputeHalf share it.
+template <typename Unary>
+EIGEN_ALWAYS_INLINE bool ApplyUnary(OpCode op, float alpha, const Unary& unary) {
   namespace ei = Eigen::internal;
   using P = FloatPacket;
   using Eigen::PropagateNaN;
-  alignas(64) float splat[kStrip];
-  if (!a_tile && GetOpInfo(op).arity == 1) {  // a unary op of an immediate, over the strip
-    std::fill_n(splat, n, *a);
-    a = splat;
-  }
-  auto unary = [&](auto f) { MapPackets<P>(a, d, n, f); };
-  auto binary = [&](auto f) { StripBinary(a, a_tile, b, b_tile, d, n, f); };
   switch (op) {
     case OpCode::kAbs: unary([](const P& x) { return ei::pabs(x); }); break;
     case OpCode::kNeg: unary([](const P& x) { return ei::pnegate(x); }); break;
@@ -2811,6 +2806,28 @@ EIGEN_ALWAYS_INLINE void StripCompute(OpCode op, const float* a, bool a_tile, co
     case OpCode::kSigmoid: unary([](const P& x) { return SigmoidPacket(x); }); break;
     case OpCode::kErfc: unary([](const P& x) { return ErfcPacket(x); }); break;
     case OpCode::kTanh: unary([](const P& x) { return ei::ptanh(x); }); break;
+    default:
+      return false;
+  }
+  return true;
+}
+
+// One instruction of a run over n elements of a strip.
+// Always inlined into RunStrips: called out of line (as g++ chose once RunStrips grew), the fp32
+// strip workloads ran 20-40 % slower.
+EIGEN_ALWAYS_INLINE void StripCompute(OpCode op, const float* a, bool a_tile, const float* b,
+                                      bool b_tile, float alpha, float* d, int64_t n) {
+  namespace ei = Eigen::internal;
+  using P = FloatPacket;
+  using Eigen::PropagateNaN;
+  alignas(64) float splat[kStrip];
+  if (!a_tile && GetOpInfo(op).arity == 1) {  // a unary op of an immediate, over the strip
+    std::fill_n(splat, n, *a);
+    a = splat;
+  }
+  if (ApplyUnary(op, alpha, [&](auto f) { MapPackets<P>(a, d, n, f); })) return;
+  auto binary = [&](auto f) { StripBinary(a, a_tile, b, b_tile, d, n, f); };
+  switch (op) {
     case OpCode::kAdd: binary([](const P& x, const P& y) { return ei::padd(x, y); }); break;
     case OpCode::kSub: binary([](const P& x, const P& y) { return ei::psub(x, y); }); break;
     case OpCode::kMul: binary([](const P& x, const P& y) { return ei::pmul(x, y); }); break;
@@ -2832,54 +2849,10 @@ EIGEN_ALWAYS_INLINE void StripCompute(OpCode op, const float* a, bool a_tile, co
   }
 }
 
-// The unary instructions of StripComputeHalf: unary(f) maps the packet function f over the strip;
-// false for any other op. (StripCompute keeps its own switch: sharing this one changed the code
-// generated for the fp32 path, which ran slower.)
-template <typename Unary>
-bool ApplyUnary(OpCode op, float alpha, const Unary& unary) {
-  namespace ei = Eigen::internal;
-  using P = FloatPacket;
-  using Eigen::PropagateNaN;
-  switch (op) {
-    case OpCode::kAbs: unary([](const P& x) { return ei::pabs(x); }); break;
-    case OpCode::kNeg: unary([](const P& x) { return ei::pnegate(x); }); break;
-    case OpCode::kSquare: unary([](const P& x) { return ei::pmul(x, x); }); break;
-    case OpCode::kSqrt: unary([](const P& x) { return ei::psqrt(x); }); break;
-    case OpCode::kRelu:
-#if defined(EIGEN_VECTORIZE_SSE) || defined(EIGEN_VECTORIZE_AVX) || defined(EIGEN_VECTORIZE_AVX512)
-      // one maxps(0, x), which already gives x for a NaN x and -0 for -0: the same bits as
-      // pmax<PropagateNaN>(x, 0) (its NaN test and select) on x86
-      unary([](const P& x) { return ei::pmax(x, ei::pzero(x)); });
-#else
-      unary([](const P& x) { return ei::pmax<PropagateNaN>(x, ei::pzero(x)); });
-#endif
-      break;
-    case OpCode::kRelu6:
-      unary([](const P& x) {
-        return ei::pmin<PropagateNaN>(ei::pmax<PropagateNaN>(x, ei::pzero(x)),
-                                      ei::pset1<P>(6.0f));
-      });
-      break;
-    case OpCode::kLeakyRelu: {
-      const P scale = ei::pset1<P>(alpha);
-      unary([&scale](const P& x) {
-        return ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), ei::pmul(x, scale), x);
-      });
-      break;
-    }
-    case OpCode::kExp: unary([](const P& x) { return ExpPacket(x); }); break;
-    case OpCode::kSigmoid: unary([](const P& x) { return SigmoidPacket(x); }); break;
-    case OpCode::kErfc: unary([](const P& x) { return ErfcPacket(x); }); break;
-    case OpCode::kTanh: unary([](const P& x) { return ei::ptanh(x); }); break;
-    default:
-      return false;
-  }
-  return true;
-}
-
-// A unary instruction with its f16 load (half_in) and/or f16 store (half_out) folded in.
-EIGEN_DONT_INLINE void StripComputeHalf(OpCode op, const char* a, bool half_in, char* d, bool half_out,
-                      bool stream, float alpha, int64_t n) {
+// A unary instruction with its f16 load (half_in) and/or f16 store (half_out) folded in. Out of
+// line: three loops per op, which RunStrips<true> need not carry.
+EIGEN_DONT_INLINE void StripComputeHalf(OpCode op, const char* a, bool half_in, char* d,
+                                        bool half_out, bool stream, float alpha, int64_t n) {
   if (half_in && half_out) {
     ApplyUnary(op, alpha, [&](auto f) { MapHalfPackets<true, true>(a, d, stream, n, f); });
   } else if (half_in) {
