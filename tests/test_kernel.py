@@ -497,9 +497,9 @@ _NEVER_NEGATIVE = {  # producer -> (TensorFlow's op, float64 reference)
     "Relu": (tf.nn.relu, lambda x: np.maximum(x, 0)),
     "Relu6": (tf.nn.relu6, lambda x: np.minimum(np.maximum(x, 0), 6)),
     "Exp": (tf.exp, np.exp),
-    "Sigmoid": (tf.sigmoid, lambda x: _sigmoid(x)),
+    "Sigmoid": (tf.sigmoid, _sigmoid),
     "Square": (tf.square, np.square),
-    "Erfc": (tf.math.erfc, lambda x: np.vectorize(math.erfc, otypes=[np.float64])(x)),
+    "Erfc": (tf.math.erfc, _erfc),
 }
 _RELU_SPECIALS = [np.nan, -np.nan, -0.0, 0.0, np.inf, -np.inf, 1e-30, -1e-30, 1e-40, -1e-40]
 
@@ -534,8 +534,8 @@ def test_relu_of_a_never_negative_value_is_that_value(ops, producer, dtype):
 def test_relu_gives_x_for_negative_zero_and_nan_on_every_path(ops, op, dtype):
     """Relu is x < 0 ? 0 : x (Relu6: -0 gives +0), the same bits in strips (full tiles, fp32
     compute), over whole tiles (the ragged tail, f64) and alone or followed by another
-    instruction (where strips run). TensorFlow's own float32 Relu gives -0 from its scalar loop and +0 from its
-    vectorised one, so zeros are compared with it by value."""
+    instruction (where strips run). TensorFlow's own float32 Relu gives -0 from its scalar loop
+    and +0 from its vectorised one, so zeros are compared with it by value."""
     n = 2 * 4096 + 37
     v = np.tile(np.array(_RELU_SPECIALS + [-2.0, 7.0, 3.0]), n // 13 + 1)[:n]
     x = tf.cast(tf.constant(v), DTYPES[dtype])
@@ -543,7 +543,7 @@ def test_relu_gives_x_for_negative_zero_and_nan_on_every_path(ops, op, dtype):
     bits = {"f32": np.uint32, "f64": np.uint64}.get(dtype, np.uint16)
     want = np.where(xv < 0, np.zeros_like(xv), xv)  # keeps -0 and the NaNs
     if op == "Relu6":  # min(max(x, 0), 6) with NaN propagated: -0 gives +0
-        want = np.where(want > 6, np.full_like(xv, 6), np.where(want == 0, 0, want)).astype(xv.dtype)
+        want = np.where(want > 6, 6, np.where(want == 0, 0, want)).astype(xv.dtype)
     tf_value = {"Relu": tf.nn.relu, "Relu6": tf.nn.relu6}[op](x).numpy()
     for lines in ([f"{op} in0"], [f"{op} in0", "Mul %0, 1"]):
         (got,) = run_fused(ops, program_text([f"{dtype}[{n}]"], lines, [f"%{len(lines) - 1}"]),
@@ -560,7 +560,8 @@ def test_relu_gives_x_for_negative_zero_and_nan_on_every_path(ops, op, dtype):
     (["Neg in0", "Relu %0"], lambda x: np.maximum(-x, 0)),
     (["Sub in0, 1.5", "Relu %0"], lambda x: np.maximum(x - 1.5, 0)),
     (["Abs in0", "Neg %0", "Relu %1"], lambda x: np.zeros_like(x)),
-    (["Abs in0", "Tanh %0", "Sub %1, 0.5", "Relu %2"], lambda x: np.maximum(np.tanh(np.abs(x)) - 0.5, 0)),
+    (["Abs in0", "Tanh %0", "Sub %1, 0.5", "Relu %2"],
+     lambda x: np.maximum(np.tanh(np.abs(x)) - 0.5, 0)),
 ])
 def test_relu_of_a_possibly_negative_value_stays(ops, lines, ref):
     n = 4096 + 5
