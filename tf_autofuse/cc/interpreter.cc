@@ -275,7 +275,6 @@ struct StripOp {
 
 struct StripRun {
   int end = 0;                // the run replaces the steps from where it starts up to `end`
-  bool folded = false;        // an op has an f16 conversion folded in (StripOp::half_in, half_out)
   std::vector<StripOp> ops;
 };
 
@@ -2581,7 +2580,6 @@ void FoldHalfConversions(StripRun* run) {
       next.src[0] = load.src[0];  // the input tensor
       next.half_in = true;
       load.skipped = true;
-      run->folded = true;
     }
   }
   for (int k = 0; k + 1 < static_cast<int>(ops.size()); ++k) {
@@ -2594,7 +2592,6 @@ void FoldHalfConversions(StripRun* run) {
       op.home = store.home;
       op.stream = store.stream;
       store.skipped = true;
-      run->folded = true;
     }
   }
 }
@@ -2850,7 +2847,7 @@ EIGEN_ALWAYS_INLINE void StripCompute(OpCode op, const float* a, bool a_tile, co
 }
 
 // A unary instruction with its f16 load (half_in) and/or f16 store (half_out) folded in. Out of
-// line: three loops per op, which RunStrips<true> need not carry.
+// line: three loops per op, which RunStrips need not carry inline.
 EIGEN_DONT_INLINE void StripComputeHalf(OpCode op, const char* a, bool half_in, char* d,
                                         bool half_out, bool stream, float alpha, int64_t n) {
   if (half_in && half_out) {
@@ -2936,10 +2933,8 @@ struct StripPointer {
 };
 
 // A run over one full tile of `count` elements, strip after strip. The operands' addresses are
-// resolved once for the tile. kFolded: the run has f16 conversions folded into ops (run.folded);
-// a separate instantiation, so that the loop of the runs without them is compiled as if folding
-// did not exist (with it, g++ generated an fp32 loop 15 % slower: chain f32 3.3 -> 3.9 ms).
-template <bool kFolded, typename Address>
+// resolved once for the tile.
+template <typename Address>
 void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame,
                const Address& address, bool scalar_reduced, int64_t offset, int64_t count) {
   alignas(64) float registers[kMaxStripRegisters * kStrip];
@@ -2981,7 +2976,7 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
       r.home = address(op.home);  // lanes: one scalar of kLanes lanes (strips start at
                                   // multiples of kLanes); else an accumulator per element
       r.home_moves = frame.lanes ? 0 : ComputeSize(schedule.steps[op.step].acc_ctype);
-    } else if (kFolded && op.half_out) {
+    } else if (op.half_out) {
       r.home = address(op.home);
       r.home_moves = op.home.elem_size;
     } else if (op.write_back) {
@@ -3002,9 +2997,7 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
     for (size_t k = 0; k < run.ops.size(); ++k) {
       const StripOp& op = run.ops[k];
       const Resolved& r = resolved[k];
-      if constexpr (kFolded) {
-        if (op.skipped) continue;
-      }
+      if (op.skipped) continue;  // folded into its neighbour
       if (spent != nullptr) started = std::chrono::steady_clock::now();
       float* dst = op.dst >= 0 ? registers + op.dst * kStrip : nullptr;
       switch (op.kind) {
@@ -3025,14 +3018,12 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
           break;
         }
         case StripOp::Kind::kCompute:
-          if constexpr (kFolded) {
-            if (op.half_in || op.half_out) {
-              StripComputeHalf(op.op, r.src[0].data + i * r.src[0].moves, op.half_in,
-                               op.half_out ? r.home + i * r.home_moves
-                                           : reinterpret_cast<char*>(dst),
-                               op.half_out, op.stream, op.alpha, n);
-              break;
-            }
+          if (op.half_in || op.half_out) {
+            StripComputeHalf(op.op, r.src[0].data + i * r.src[0].moves, op.half_in,
+                             op.half_out ? r.home + i * r.home_moves
+                                         : reinterpret_cast<char*>(dst),
+                             op.half_out, op.stream, op.alpha, n);
+            break;
           }
           StripCompute(op.op, r.src[0].at(i), r.src[0].tile,
                        op.num_src > 1 ? r.src[1].at(i) : nullptr, r.src[1].tile, op.alpha, dst,
@@ -3099,11 +3090,7 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
     if (frame.profile != nullptr) started = std::chrono::steady_clock::now();
     if (!schedule.run_at.empty() && schedule.run_at[pos] >= 0) {
       const StripRun& run = schedule.runs[schedule.run_at[pos]];
-      if (run.folded) {
-        RunStrips<true>(schedule, run, frame, address, scalar_reduced, offset, count);
-      } else {
-        RunStrips<false>(schedule, run, frame, address, scalar_reduced, offset, count);
-      }
+      RunStrips(schedule, run, frame, address, scalar_reduced, offset, count);
       pos = run.end - 1;
       continue;
     }
