@@ -490,6 +490,30 @@ def test_chain_abs_relu_exp(ops, dtype, n):
     assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, f"abs->relu->exp {dtype}")
 
 
+def test_runs_large_enough_to_prefetch_give_the_bits_of_small_ones(ops):
+    """Runs of at least 2**20 elements prefetch their tensor inputs ahead of the strips
+    (interpreter.cc, kPrefetchElements; past a tensor's end too, as a hint). The last rows run
+    alone, too few to prefetch, give the same bits, and both match TensorFlow and float64: an
+    f32 input read by Abs, a broadcast bias, an f16 input folded into its Exp, a ragged end."""
+    rows, cols = 4033, 261  # 1_052_613 elements, not a whole number of strips or tiles
+    rng = np.random.default_rng(20)
+    x = tf.constant(rng.normal(0.0, 2.0, (rows, cols)).astype(np.float32))
+    h = tf.constant(rng.normal(0.0, 2.0, (rows, cols)).astype(np.float16))
+    bias = tf.constant(rng.normal(0.0, 1.0, cols).astype(np.float32))
+    program = program_text([f"f32[?,{cols}]", f"f16[?,{cols}]", f"f32[{cols}]"],
+                           ["Abs in0", "Add %0, in2", "Relu %1", "Exp in1"], ["%2", "%3"])
+    large = run_fused(ops, program, [x, h, bias], [tf.float32, tf.float16])
+    tail = run_fused(ops, program, [x[-268:], h[-268:], bias], [tf.float32, tf.float16])
+    for big, small in zip(large, tail):
+        np.testing.assert_array_equal(big.numpy()[-268:].view(np.uint8),
+                                      small.numpy().view(np.uint8))
+    ref = np.maximum(np.abs(as_f64(x)) + as_f64(bias), 0.0)
+    assert_float_close(as_f64(large[0]), as_f64(tf.nn.relu(tf.abs(x) + bias)), ref, "f32",
+                       "abs+bias->relu over 2**20 elements")
+    assert_float_close(as_f64(large[1]), as_f64(tf.exp(h)), np.exp(as_f64(h)), "f16",
+                       "exp of f16 over 2**20 elements")
+
+
 # A Relu of a value never below -0 is dropped before planning (simplify.h); these check that
 # it is dropped only where max(x, 0) is x itself.
 _NEVER_NEGATIVE = {  # producer -> (TensorFlow's op, float64 reference)

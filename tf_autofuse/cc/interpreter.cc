@@ -156,6 +156,17 @@ constexpr int64_t kMaxTile = 4096;
 // each destination line saves a third of the memory traffic. Below it, the next kernel finds
 // the output in cache.
 constexpr int64_t kStreamBytes = 16 << 20;
+// Runs of at least this many elements prefetch their tensor inputs kPrefetchAhead bytes ahead of
+// the strip they are at (software prefetch to L1): the hardware's own prefetcher keeps too few
+// lines in flight for one core to reach the memory bandwidth it shares. Alternated with and
+// without it in one process: abs->relu->exp [4096,4096] f32 11-12 % less time, abs+bias->relu
+// 10-12 %, abs->reduce_sum 12 %, LayerNorm [16384,768] 8 %, the f16 chain 3.5 %, softmax
+// level; 4 KiB ahead did better than 1, 2, 3, 6, 8, 16 or 32 KiB, than also prefetching to L2
+// a page further, or than prefetching to L2 only. Below kPrefetchElements the inputs are likely
+// in cache and the prefetches would be wasted work.
+constexpr int64_t kPrefetchElements = int64_t{1} << 20;
+constexpr int64_t kPrefetchAhead = 4096;
+constexpr int kMaxPrefetchStreams = 8;
 // Row reductions over rows longer than a row group (one row per item, tile after tile) keep the
 // full values several passes need, a row's worth each, when they all fit in this much scratch:
 // read back from L2, where recomputing them would cost an exp per element again (softmax over
@@ -2872,6 +2883,7 @@ struct Frame {
   // Kept values: the tiles a kept buffer holds (row-group mode: 1; kept-row mode: the tiles of a
   // row, the tile at offset o * reduce + r0 being number r0 / tile_size); 0: nothing kept.
   int64_t kept_tiles = 0;
+  bool prefetch = false;  // strip runs prefetch their tensor inputs (kPrefetchElements)
 };
 
 std::string LocString(const Loc& loc) {
@@ -2965,10 +2977,30 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
     }
     return p;
   };
+  // The tensor inputs read strip after strip (a broadcast one is read by its plan), each once,
+  // prefetched ahead (Frame::prefetch).
+  const char* ahead[kMaxPrefetchStreams];
+  int64_t ahead_moves[kMaxPrefetchStreams];
+  int num_ahead = 0;
+  auto prefetch_input = [&](const StripPointer& p) {
+    for (int s = 0; s < num_ahead; ++s) {
+      if (ahead[s] == p.data) return;
+    }
+    if (num_ahead < kMaxPrefetchStreams) {
+      ahead[num_ahead] = p.data;
+      ahead_moves[num_ahead++] = p.moves;
+    }
+  };
   for (size_t k = 0; k < run.ops.size(); ++k) {
     const StripOp& op = run.ops[k];
     Resolved& r = resolved[k];
-    for (int m = 0; m < op.num_src; ++m) r.src[m] = pointer(op.src[m]);
+    for (int m = 0; m < op.num_src; ++m) {
+      r.src[m] = pointer(op.src[m]);
+      if (frame.prefetch && op.kind != StripOp::Kind::kBroadcastLoad &&
+          op.src[m].kind == StripOperand::Kind::kMemory && op.src[m].loc.is(Loc::Kind::kInput)) {
+        prefetch_input(r.src[m]);
+      }
+    }
     if (op.kind == StripOp::Kind::kStore) {
       r.home = address(op.home);
       r.home_moves = op.home.elem_size;
@@ -2994,6 +3026,10 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
   }
   for (int64_t i = 0; i < count; i += kStrip) {
     const int64_t n = std::min(kStrip, count - i);
+    for (int s = 0; s < num_ahead; ++s) {  // a hint: no fault past a tensor's end
+      const char* lines = ahead[s] + i * ahead_moves[s] + kPrefetchAhead;
+      for (int64_t b = 0; b < n * ahead_moves[s]; b += 64) __builtin_prefetch(lines + b, 0, 3);
+    }
     for (size_t k = 0; k < run.ops.size(); ++k) {
       const StripOp& op = run.ops[k];
       const Resolved& r = resolved[k];
@@ -3488,7 +3524,8 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
       plans.scratch_bytes + (kept_tiles > 1 ? (kept_tiles - 1) * plans.num_kept * plans.slot_bytes
                                             : 0));
   const Frame frame{run, io, plans, scratch, /*lanes=*/run.inner == 1, /*rows=*/group > 1,
-                    /*cols=*/blocks > 1, profile_, kept_tiles};
+                    /*cols=*/blocks > 1, profile_, kept_tiles,
+                    /*prefetch=*/run.num_elements >= kPrefetchElements};
   const bool kept_rows = group == 1 && row_tiles > 0;
   auto full_tile = [&](const PassSchedules& s, bool streaming, int64_t offset, int64_t valid) {
     if (valid % kPad == 0) {
