@@ -321,6 +321,39 @@ def test_broadcast_large_bias_relu(ops, dtype):
                        * np.abs(as_f64(s)))
 
 
+@pytest.mark.parametrize("rows,cols", [(61, 4096), (230, 5000), (40, 12288)])
+def test_bias_read_in_place_gives_the_bits_of_a_full_input(ops, rows, cols):
+    """An f32 bias whose elements for a tile are one run of it (rows as long as a tile, or
+    longer; interpreter.cc, ReadsOneRun) is read in place by every op reading its load, up to
+    the op that reuses the load's register. Rows of 5000 make some tiles cross a row (those
+    load the bias as before). The same program with the bias broadcast beforehand (read as a
+    full input) gives the same bits, and both match TensorFlow and float64."""
+    rng = np.random.default_rng(cols)
+    x = tf.constant(rng.normal(size=(rows, cols)).astype(np.float32))
+    b = tf.constant(rng.normal(size=(cols,)).astype(np.float32))
+    lines = ["Abs in0", "Add %0, in1", "Mul %1, in1", "Sub in1, %2", "Exp %3", "Add %4, in1"]
+    outs = []
+    for bias, decl in ((b, f"f32[{cols}]"), (tf.broadcast_to(b, x.shape), f"f32[?,{cols}]")):
+        program = program_text([f"f32[?,{cols}]", decl], lines, ["%3", "%5"])
+        outs.append(run_fused(ops, program, [x, bias], [tf.float32] * 2))
+    # the bias's last reader writes into the bias's register, and the next op reads that
+    reuse = []
+    for bias, decl in ((b, f"f32[{cols}]"), (tf.broadcast_to(b, x.shape), f"f32[?,{cols}]")):
+        program = program_text([f"f32[?,{cols}]", decl], ["Add in0, in1", "Exp %0"], ["%1"])
+        reuse.append(run_fused(ops, program, [x, bias], [tf.float32]))
+    for in_place, full in zip(outs[0] + reuse[0], outs[1] + reuse[1]):
+        np.testing.assert_array_equal(in_place.numpy().view(np.uint32), full.numpy().view(np.uint32))
+    xv, bv = as_f64(x), as_f64(b)
+    ref3 = bv - (np.abs(xv) + bv) * bv
+    want3 = b - (tf.abs(x) + b) * b
+    assert_float_close(as_f64(outs[0][0]), as_f64(want3), ref3, "f32", "bias read in place",
+                       scale=np.abs(bv) + (np.abs(xv) + np.abs(bv)) * np.abs(bv))
+    with np.errstate(over="ignore"):
+        e3 = np.exp(as_f64(outs[0][0]))  # from the fused %3: exp's own error only
+    assert_float_close(as_f64(outs[0][1]), as_f64(tf.exp(outs[0][0]) + b), e3 + bv, "f32",
+                       "exp and the bias again", scale=e3 + np.abs(bv))
+
+
 def test_view_with_unknown_dim_and_output_view(ops):
     x = tf.constant(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
     bias = tf.constant(np.arange(3, dtype=np.float32))

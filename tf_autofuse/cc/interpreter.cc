@@ -31,7 +31,10 @@
 //     fp32 elementwise steps (loads, broadcast loads, most arithmetic, stores, and the
 //     accumulations of one-row-per-item passes) runs strip by strip, 256 elements at a time,
 //     its values in 1 KiB strip buffers instead of tile slots: loads and stores interleave with
-//     the arithmetic. Same packet functions, same bits as the staged schedule's steps.
+//     the arithmetic. Same packet functions, same bits as the staged schedule's steps. An f32
+//     broadcast input whose elements for a tile are one run of it (a bias row as long as the
+//     tile) is read in place instead of copied strip by strip; in runs of 2**20 elements and
+//     more, tensor inputs are prefetched 4 KiB ahead of the strip (kPrefetchElements).
 //   * The tile size is the largest power of two (1024..4096) whose slots and tensor streams fit
 //     in 24 KiB of the 32 KiB L1d.
 //
@@ -1093,6 +1096,23 @@ void BroadcastLoad(const BroadcastPlan& plan, DType dtype, const char* src, char
     }
   }
   std::memset(dst + valid * csize, 0, (count - valid) * csize);
+}
+
+// Whether elements [offset, offset + count) of the iteration shape read consecutive elements of
+// a broadcast input: its plan's innermost dimension is contiguous and they lie in one row of it
+// (a bias at least as long as a tile). *first: the index of the first one.
+bool ReadsOneRun(const BroadcastPlan& plan, int64_t offset, int64_t count, int64_t* first) {
+  const int rank = static_cast<int>(plan.dims.size());
+  if (plan.strides[rank - 1] != 1 || offset % plan.dims[rank - 1] + count > plan.dims[rank - 1]) {
+    return false;
+  }
+  int64_t rest = offset;
+  *first = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    *first += rest % plan.dims[d] * plan.strides[d];
+    rest /= plan.dims[d];
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2954,6 +2974,7 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
     StripPointer src[2];
     char* home = nullptr;  // the tensor or buffer written (kStore, kAccumulate, write-back)
     int64_t home_moves = 0;
+    bool skipped = false;  // folded into its neighbour, or a broadcast load read in place
   };
   thread_local std::vector<Resolved> per_thread;  // reached once: a TLS lookup is a call
   per_thread.assign(run.ops.size(), Resolved());
@@ -3016,6 +3037,29 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
       r.home_moves = sizeof(float);
     }
   }
+  // An f32 broadcast input whose elements for this tile are one contiguous run of it (a bias
+  // row as long as the tile, or longer): the readers of its load's register read it in place,
+  // up to the next op writing that register, and the load (a copy per strip) is skipped.
+  for (size_t k = 0; k < run.ops.size(); ++k) {
+    const StripOp& op = run.ops[k];
+    resolved[k].skipped = op.skipped;
+    int64_t first = 0;
+    if (op.kind != StripOp::Kind::kBroadcastLoad || op.dtype != DType::kF32 || op.write_back ||
+        !ReadsOneRun(frame.run.full_plans[op.src[0].loc.index], offset, count, &first)) {
+      continue;
+    }
+    StripPointer in_place;
+    in_place.data = frame.io.inputs[op.src[0].loc.index] + first * sizeof(float);
+    in_place.moves = sizeof(float);
+    resolved[k].skipped = true;
+    for (size_t m = k + 1; m < run.ops.size(); ++m) {
+      for (int j = 0; j < run.ops[m].num_src; ++j) {
+        const StripOperand& o = run.ops[m].src[j];
+        if (o.kind == StripOperand::Kind::kRegister && o.reg == op.dst) resolved[m].src[j] = in_place;
+      }
+      if (run.ops[m].dst == op.dst) break;
+    }
+  }
   // --kernel_profile: each op timed strip by strip, reported as its step's row
   std::chrono::steady_clock::time_point started;
   thread_local std::vector<int64_t> spent_per_thread;
@@ -3033,7 +3077,7 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
     for (size_t k = 0; k < run.ops.size(); ++k) {
       const StripOp& op = run.ops[k];
       const Resolved& r = resolved[k];
-      if (op.skipped) continue;  // folded into its neighbour
+      if (r.skipped) continue;
       if (spent != nullptr) started = std::chrono::steady_clock::now();
       float* dst = op.dst >= 0 ? registers + op.dst * kStrip : nullptr;
       switch (op.kind) {
