@@ -136,3 +136,32 @@ def test_relu_of_a_never_negative_value_is_not_computed(tmp_path):
     assert any(w.startswith("Abs ") for w in whats[chain])
     assert any(w.startswith("Exp ") for w in whats[chain])
     assert any(w.startswith("Relu ") for w in whats[other]), whats[other]
+
+
+BIAS = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    import tf_autofuse
+    tf1 = tf.compat.v1
+    tf_autofuse.compat.enable_v1()
+    x = tf1.placeholder(tf.float32, [64, {width}], name="x")
+    bias = np.linspace(-1, 1, {width}).astype(np.float32)
+    y = tf.identity(tf.nn.relu(tf.abs(x) * 2.0 + tf.constant(bias)), name="y")
+    v = np.random.default_rng(0).normal(size=(64, {width})).astype(np.float32)
+    with tf1.Session() as sess:
+        for _ in range(3):
+            out = sess.run(y, {{x: v}})
+    np.testing.assert_array_equal(out, np.maximum(np.abs(v) * np.float32(2) + bias, 0))
+""")
+
+
+@pytest.mark.parametrize("width,in_place", [(4096, True), (100, False)])
+def test_a_bias_as_long_as_a_tile_is_read_in_place(tmp_path, width, in_place):
+    """A bias row a tile long or longer is read where it is (interpreter.cc, ReadsOneRun); the
+    profile says so on its load's row. A short one (a tile holds several rows) is copied."""
+    done = run(tmp_path, "--kernel_profile=kp.csv", BIAS.format(width=width))
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = [r for r in csv.DictReader((tmp_path / "kp.csv").open()) if r["step"] != "call"]
+    load = [r["what"] for r in steps if r["what"].startswith("broadcast load in1")]
+    assert load == ["broadcast load in1 (f32) (in strips" +
+                    (", read in place)" if in_place else ")")], [r["what"] for r in steps]

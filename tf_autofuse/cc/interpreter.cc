@@ -3123,14 +3123,12 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
   }
   for (size_t k = 0; spent != nullptr && k < run.ops.size(); ++k) {
     const Step& step = schedule.steps[run.ops[k].step];
-    const bool folded = run.ops[k].skipped;
+    // the label of the step's first tile (a bias may be read in place in some tiles only)
+    const char* how = run.ops[k].skipped ? " (in strips, folded into its neighbour)"
+                      : resolved[k].skipped ? " (in strips, read in place)"
+                                            : " (in strips)";
     frame.profile->AddStep(
-        &step,
-        [&step, folded] {
-          return absl::StrCat(StepLabel(step), folded ? " (in strips, folded into its neighbour)"
-                                                      : " (in strips)");
-        },
-        spent[k], count);
+        &step, [&step, how] { return absl::StrCat(StepLabel(step), how); }, spent[k], count);
   }
 }
 
