@@ -145,7 +145,7 @@ BIAS = textwrap.dedent("""
     tf1 = tf.compat.v1
     tf_autofuse.compat.enable_v1()
     x = tf1.placeholder(tf.float32, [64, {width}], name="x")
-    bias = np.linspace(-1, 1, {width}).astype(np.float32)
+    bias = np.linspace(-1, 1, {bias}).astype(np.float32).reshape({bias_shape})
     y = tf.identity(tf.nn.relu(tf.abs(x) * 2.0 + tf.constant(bias)), name="y")
     v = np.random.default_rng(0).normal(size=(64, {width})).astype(np.float32)
     with tf1.Session() as sess:
@@ -155,11 +155,15 @@ BIAS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("width,in_place", [(4096, True), (100, False)])
-def test_a_bias_as_long_as_a_tile_is_read_in_place(tmp_path, width, in_place):
-    """A bias row a tile long or longer is read where it is (interpreter.cc, ReadsOneRun); the
-    profile says so on its load's row. A short one (a tile holds several rows) is copied."""
-    done = run(tmp_path, "--kernel_profile=kp.csv", BIAS.format(width=width))
+@pytest.mark.parametrize("width,column,in_place", [(4096, False, True), (100, False, True),
+                                                   (4096, True, False)])
+def test_a_bias_row_is_read_in_place(tmp_path, width, column, in_place):
+    """A bias row a tile long or longer is read where it is (interpreter.cc, ReadsOneRun), a
+    short one from its row repeated once per call (RepeatedRows); the profile says so on its
+    load's row. A column of 64 values, each repeated along a row, is copied strip by strip."""
+    shape = (64, 1) if column else (width,)
+    done = run(tmp_path, "--kernel_profile=kp.csv",
+               BIAS.format(width=width, bias=shape[0], bias_shape=shape))
     assert done.returncode == 0, done.stderr[-2000:]
     steps = [r for r in csv.DictReader((tmp_path / "kp.csv").open()) if r["step"] != "call"]
     load = [r["what"] for r in steps if r["what"].startswith("broadcast load in1")]

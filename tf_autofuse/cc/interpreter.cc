@@ -31,9 +31,10 @@
 //     fp32 elementwise steps (loads, broadcast loads, most arithmetic, stores, and the
 //     accumulations of one-row-per-item passes) runs strip by strip, 256 elements at a time,
 //     its values in 1 KiB strip buffers instead of tile slots: loads and stores interleave with
-//     the arithmetic. Same packet functions, same bits as the staged schedule's steps. An f32
-//     broadcast input whose elements for a tile are one run of it (a bias row as long as the
-//     tile) is read in place instead of copied strip by strip; in runs of 2**20 elements and
+//     the arithmetic. Same packet functions, same bits as the staged schedule's steps. A bias
+//     (a broadcast input repeating one row) is read in place instead of copied strip by strip:
+//     an f32 row as long as the tile from the tensor, a row of up to 4096 values of any float
+//     type from that row repeated once per call (RepeatedRows). In runs of 2**20 elements and
 //     more, tensor inputs are prefetched 4 KiB ahead of the strip (kPrefetchElements).
 //   * The tile size is the largest power of two (1024..4096) whose slots and tensor streams fit
 //     in 24 KiB of the 32 KiB L1d.
@@ -2904,6 +2905,8 @@ struct Frame {
   // row, the tile at offset o * reduce + r0 being number r0 / tile_size); 0: nothing kept.
   int64_t kept_tiles = 0;
   bool prefetch = false;  // strip runs prefetch their tensor inputs (kPrefetchElements)
+  // Per input: its row repeated (RepeatedRow), or null.
+  const float* const* repeated = nullptr;
 };
 
 std::string LocString(const Loc& loc) {
@@ -3037,20 +3040,26 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
       r.home_moves = sizeof(float);
     }
   }
-  // An f32 broadcast input whose elements for this tile are one contiguous run of it (a bias
-  // row as long as the tile, or longer): the readers of its load's register read it in place,
-  // up to the next op writing that register, and the load (a copy per strip) is skipped.
+  // A broadcast input whose values for this tile are one contiguous run somewhere, of its
+  // repeated row (RepeatedRow: a short bias) or, in f32, of the tensor itself (a bias row as
+  // long as the tile, or longer): the readers of its load's register read them in place, up to
+  // the next op writing that register, and the load (a copy per strip) is skipped.
   for (size_t k = 0; k < run.ops.size(); ++k) {
     const StripOp& op = run.ops[k];
     resolved[k].skipped = op.skipped;
+    if (op.kind != StripOp::Kind::kBroadcastLoad || op.write_back) continue;
+    const int j = op.src[0].loc.index;
+    const BroadcastPlan& plan = frame.run.full_plans[j];
+    StripPointer in_place;
+    in_place.moves = sizeof(float);
     int64_t first = 0;
-    if (op.kind != StripOp::Kind::kBroadcastLoad || op.dtype != DType::kF32 || op.write_back ||
-        !ReadsOneRun(frame.run.full_plans[op.src[0].loc.index], offset, count, &first)) {
+    if (frame.repeated != nullptr && frame.repeated[j] != nullptr) {
+      in_place.data = reinterpret_cast<const char*>(frame.repeated[j] + offset % plan.dims[1]);
+    } else if (op.dtype == DType::kF32 && ReadsOneRun(plan, offset, count, &first)) {
+      in_place.data = frame.io.inputs[j] + first * sizeof(float);
+    } else {
       continue;
     }
-    StripPointer in_place;
-    in_place.data = frame.io.inputs[op.src[0].loc.index] + first * sizeof(float);
-    in_place.moves = sizeof(float);
     resolved[k].skipped = true;
     for (size_t m = k + 1; m < run.ops.size(); ++m) {
       for (int j = 0; j < run.ops[m].num_src; ++j) {
@@ -3553,6 +3562,40 @@ int64_t Interpreter::CostPerItem(const RunShape& run) const {
   return TotalCost(run) / std::max<int64_t>(NumItems(run), 1) + 1;
 }
 
+// Per input, for this thread's call: a broadcast input that repeats one row over the rest (a
+// bias: plan [rows, L], strides [0, 1], L <= kMaxTile), in fp32, repeated to at least
+// tile + L values; null for the others (and for every input where there is none). A tile's
+// values are then the `count` values from offset % L, which strip runs read in place. Built
+// once a call (a copy of at most 8 K floats an input), read by every tile.
+const float* const* RepeatedRows(const RunShape& run, const IoBuffers& io, int64_t tile,
+                                 const std::vector<InputDecl>& inputs) {
+  thread_local std::vector<std::vector<float>> buffers;
+  thread_local std::vector<const float*> repeated;
+  const size_t n = run.full_plans.size();
+  repeated.assign(n, nullptr);
+  if (buffers.size() < n) buffers.resize(n);
+  bool any = false;
+  for (size_t j = 0; j < n && j < inputs.size(); ++j) {
+    const BroadcastPlan& plan = run.full_plans[j];
+    const DType dtype = inputs[j].dtype;
+    if (!run.broadcast[j] || plan.dims.size() != 2 || plan.strides[0] != 0 ||
+        plan.strides[1] != 1 || plan.dims[0] < 2 || plan.dims[1] > kMaxTile ||
+        ComputeTypeOf(dtype) != ComputeType::kF32) {
+      continue;
+    }
+    const int64_t row = plan.dims[1];
+    const int64_t reps = (tile + 2 * row - 1) / row;  // reps * row >= tile + row
+    std::vector<float>& buffer = buffers[j];
+    if (static_cast<int64_t>(buffer.size()) < reps * row) buffer.resize(reps * row);
+    char* data = reinterpret_cast<char*>(buffer.data());
+    ConvertRun(dtype, io.inputs[j], data, row);
+    RepeatByDoubling(data, row * sizeof(float), reps);
+    repeated[j] = buffer.data();
+    any = true;
+  }
+  return any ? repeated.data() : nullptr;
+}
+
 void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t first,
                            int64_t last) const {
   const PlanSet& plans = *run.plans;
@@ -3567,7 +3610,8 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
                                             : 0));
   const Frame frame{run, io, plans, scratch, /*lanes=*/run.inner == 1, /*rows=*/group > 1,
                     /*cols=*/blocks > 1, profile_, kept_tiles,
-                    /*prefetch=*/run.num_elements >= kPrefetchElements};
+                    /*prefetch=*/run.num_elements >= kPrefetchElements,
+                    RepeatedRows(run, io, tile, program_.inputs)};
   const bool kept_rows = group == 1 && row_tiles > 0;
   auto full_tile = [&](const PassSchedules& s, bool streaming, int64_t offset, int64_t valid) {
     if (valid % kPad == 0) {
