@@ -338,7 +338,8 @@ def test_bias_read_in_place_gives_the_bits_of_a_full_input(ops, rows, cols, dtyp
     b = cast(rng.normal(size=(cols,)), dtype)
     lines = ["Abs in0", "Add %0, in1", "Mul %1, in1", "Sub in1, %2", "Exp %3", "Add %4, in1"]
     outs, reuse = [], []
-    for bias, decl in ((b, f"{dtype}[{cols}]"), (tf.broadcast_to(b, x.shape), f"{dtype}[?,{cols}]")):
+    wide = tf.broadcast_to(b, x.shape)
+    for bias, decl in ((b, f"{dtype}[{cols}]"), (wide, f"{dtype}[?,{cols}]")):
         program = program_text([f"{dtype}[?,{cols}]", decl], lines, ["%3", "%5"])
         outs.append(run_fused(ops, program, [x, bias], [x.dtype] * 2))
         # the bias's last reader writes into the bias's register, and the next op reads that

@@ -2905,7 +2905,7 @@ struct Frame {
   // row, the tile at offset o * reduce + r0 being number r0 / tile_size); 0: nothing kept.
   int64_t kept_tiles = 0;
   bool prefetch = false;  // strip runs prefetch their tensor inputs (kPrefetchElements)
-  // Per input: its row repeated (RepeatedRow), or null.
+  // Per input: its row repeated (RepeatedRows), or null; null: no such input.
   const float* const* repeated = nullptr;
 };
 
@@ -3041,7 +3041,7 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
     }
   }
   // A broadcast input whose values for this tile are one contiguous run somewhere, of its
-  // repeated row (RepeatedRow: a short bias) or, in f32, of the tensor itself (a bias row as
+  // repeated row (RepeatedRows: a short bias) or, in f32, of the tensor itself (a bias row as
   // long as the tile, or longer): the readers of its load's register read them in place, up to
   // the next op writing that register, and the load (a copy per strip) is skipped.
   for (size_t k = 0; k < run.ops.size(); ++k) {
@@ -3062,11 +3062,13 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
     }
     resolved[k].skipped = true;
     for (size_t m = k + 1; m < run.ops.size(); ++m) {
-      for (int j = 0; j < run.ops[m].num_src; ++j) {
-        const StripOperand& o = run.ops[m].src[j];
-        if (o.kind == StripOperand::Kind::kRegister && o.reg == op.dst) resolved[m].src[j] = in_place;
+      for (int s = 0; s < run.ops[m].num_src; ++s) {
+        const StripOperand& o = run.ops[m].src[s];
+        if (o.kind == StripOperand::Kind::kRegister && o.reg == op.dst) {
+          resolved[m].src[s] = in_place;
+        }
       }
-      if (run.ops[m].dst == op.dst) break;
+      if (run.ops[m].dst == op.dst) break;  // the register holds another value from here
     }
   }
   // --kernel_profile: each op timed strip by strip, reported as its step's row
@@ -3566,7 +3568,7 @@ int64_t Interpreter::CostPerItem(const RunShape& run) const {
 // bias: plan [rows, L], strides [0, 1], L <= kMaxTile), in fp32, repeated to at least
 // tile + L values; null for the others (and for every input where there is none). A tile's
 // values are then the `count` values from offset % L, which strip runs read in place. Built
-// once a call (a copy of at most 8 K floats an input), read by every tile.
+// once a call (fewer than tile + 2 L floats an input, 12 K at most), read by every tile.
 const float* const* RepeatedRows(const RunShape& run, const IoBuffers& io, int64_t tile,
                                  const std::vector<InputDecl>& inputs) {
   thread_local std::vector<std::vector<float>> buffers;
