@@ -286,6 +286,8 @@ struct StripOp {
   // writes its result straight to the f16 output (the store after it is skipped). One store
   // and one load of a strip buffer fewer each.
   bool half_in = false, half_out = false, skipped = false;
+  std::vector<int> readers;  // kBroadcastLoad: the ops reading its value (StripReaders), for
+                             // RunStrips to point at the bias in place
 };
 
 struct StripRun {
@@ -2693,6 +2695,10 @@ bool BuildStripRun(const Schedule& schedule, int begin, int end, StripRun* run) 
     }
   }
   FoldHalfConversions(run);
+  for (int k = 0; k < static_cast<int>(run->ops.size()); ++k) {
+    StripOp& op = run->ops[k];
+    if (op.kind == StripOp::Kind::kBroadcastLoad) op.readers = StripReaders(*run, k);
+  }
   return true;
 }
 
@@ -3042,8 +3048,8 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
   }
   // A broadcast input whose values for this tile are one contiguous run somewhere, of its
   // repeated row (RepeatedRows: a short bias) or, in f32, of the tensor itself (a bias row as
-  // long as the tile, or longer): the readers of its load's register read them in place, up to
-  // the next op writing that register, and the load (a copy per strip) is skipped.
+  // long as the tile, or longer): the readers of its load's value (StripOp::readers) read them
+  // in place, and the load (a copy per strip) is skipped.
   for (size_t k = 0; k < run.ops.size(); ++k) {
     const StripOp& op = run.ops[k];
     resolved[k].skipped = op.skipped;
@@ -3061,14 +3067,13 @@ void RunStrips(const Schedule& schedule, const StripRun& run, const Frame& frame
       continue;
     }
     resolved[k].skipped = true;
-    for (size_t m = k + 1; m < run.ops.size(); ++m) {
+    for (int m : op.readers) {
       for (int s = 0; s < run.ops[m].num_src; ++s) {
         const StripOperand& o = run.ops[m].src[s];
         if (o.kind == StripOperand::Kind::kRegister && o.reg == op.dst) {
           resolved[m].src[s] = in_place;
         }
       }
-      if (run.ops[m].dst == op.dst) break;  // the register holds another value from here
     }
   }
   // --kernel_profile: each op timed strip by strip, reported as its step's row
