@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import AbstractSet, Iterable, NamedTuple, Optional
 
-from . import catalog, cost
+from . import catalog, cost, errors
 from .graph import GraphView, node_name
 from .lower import Lowered, Unfusible, build, check, compute_ops
 from .scope import ATTR as DISABLE_ATTR
@@ -194,6 +194,7 @@ def find_groups(
     for name in view.order:
         if view.node(name).op not in candidate_types:
             continue
+        errors.at(name)
         if name in excluded:
             if excluded[name]:
                 refusals.append(Refusal(name, excluded[name]))
@@ -338,6 +339,7 @@ def plan_recomputation(view: GraphView, groups: list, policy: Policy,
     for group in groups:
         members = set(group.members)
         for name in list(group.members):
+            errors.at(name)
             for producer, index in view.data_inputs(name):
                 other = owner.get(producer)
                 if other is None or other is group or index != 0 or producer in group.private:
