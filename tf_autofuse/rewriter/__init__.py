@@ -31,11 +31,10 @@ from .patterns import Pattern, PatternGraph, apply_patterns
 from .splice import FUSED_OP, Planned, splice
 from .unfold import FOLDED_OPS, alone, original_names, refold_graph, unfold_graph
 
-DEFAULT_MAX_FUSION_SIZE = 64
-DEFAULT_MAX_INPUTS = 8
+DEFAULTS = Policy()  # the one place the limits' defaults are written: partition.Policy
 
-__all__ = ["AutofuseError", "Fusion", "Pattern", "PatternGraph", "Refusal", "Rewrite", "rewrite", "optimize",
-           "policy_from_flags", "FUSED_OP"]
+__all__ = ["AutofuseError", "Fusion", "Pattern", "PatternGraph", "Policy", "Refusal", "Rewrite",
+           "rewrite", "optimize", "policy_from_flags", "FUSED_OP"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +67,12 @@ def policy_from_flags(flags, preserve=frozenset()) -> Policy:
     skip = getattr(flags, "skip_node_names_cfg", None)
     cost_model = cost.check_model(str(getattr(flags, "cost_model", cost.NONE) or cost.NONE))
     return Policy(
-        max_fusion_size=int(getattr(flags, "max_fusion_size", DEFAULT_MAX_FUSION_SIZE)),
-        max_inputs=int(getattr(flags, "max_input_nums_after_fuse", DEFAULT_MAX_INPUTS)),
+        max_fusion_size=int(getattr(flags, "max_fusion_size", DEFAULTS.max_fusion_size)),
+        max_inputs=int(getattr(flags, "max_input_nums_after_fuse", DEFAULTS.max_inputs)),
         pointwise="pointwise" not in disable,
         reduce="reduce" in enable and "reduce" not in disable,
-        recomputation_threshold=int(getattr(flags, "recomputation_threshold", 0)),
+        recomputation_threshold=int(getattr(flags, "recomputation_threshold",
+                                            DEFAULTS.recomputation_threshold)),
         skip_names=frozenset(getattr(skip, "names", ()) or ()),
         skip_types=frozenset(getattr(skip, "types", ()) or ()),
         preserve=frozenset(preserve),
@@ -88,11 +88,13 @@ def rewrite(
     shapes: Optional[Mapping[str, Sequence[Shape]]] = None,
     feeds: Iterable[str] = (),
     patterns: Sequence[Pattern] = (),
+    policy: Optional[Policy] = None,
 ) -> Rewrite:
     """Fuse what can be fused. The input is never mutated; `.graph_def` is a new GraphDef.
 
     preserve: node names whose name and value must survive (fetches, feeds, control targets).
-    flags: any object; see `policy_from_flags` for the attributes read.
+    flags: a tf_autofuse.Flags or any object with its attributes (`policy_from_flags`); or
+    policy: the partitioner's Policy itself (what fuser.FuserConfig.policy() gives). Not both.
     shapes: node name -> static shape of each output (tuple, -1 unknown size; None unknown rank).
     feeds: node names the caller feeds; they are never fused.
     patterns: user Patterns, run before the partitioner (patterns.py); their kernels come first.
@@ -103,7 +105,11 @@ def rewrite(
     """
     preserve = frozenset(node_name(p) for p in preserve)
     feeds = frozenset(node_name(f) for f in feeds)
-    policy = dataclasses.replace(policy_from_flags(flags, preserve), feeds=feeds)
+    if policy is None:
+        policy = policy_from_flags(flags, preserve)
+    elif flags is not None:
+        raise TypeError("rewrite() takes flags or a policy, not both")
+    policy = dataclasses.replace(policy, preserve=preserve, feeds=feeds)
     with errors.tracking(errors.Progress()) as progress:
         try:
             result = _rewrite(graph_def, preserve, policy, shapes, tuple(patterns or ()))

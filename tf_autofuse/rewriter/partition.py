@@ -43,6 +43,9 @@ class Refusal(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
+    """What the partitioner may do with one graph. The defaults here are the defaults of the
+    flags (flags.py) and of the API (fuser.FuserConfig), which read them from this class."""
+
     max_fusion_size: int = 64
     max_inputs: int = 8
     pointwise: bool = True
@@ -152,13 +155,14 @@ def _cycle_through(view: GraphView, members: set) -> Optional[str]:
 
 
 def find_groups(
-    view: GraphView, feeds: Iterable[str] = (), max_fusion_size: int = 64,
+    view: GraphView, feeds: Iterable[str] = (), max_fusion_size: Optional[int] = None,
     policy: Optional[Policy] = None,
 ) -> tuple[list[Group], list[Refusal]]:
     """Groups of 2 compute ops or more, in topological order of their first member; each
-    group's `lowered` may be lower.check's Checked (`lowering` gives the program)."""
+    group's `lowered` may be lower.check's Checked (`lowering` gives the program).
+    `max_fusion_size` (without a policy): the default Policy with that limit."""
     if policy is None:
-        policy = Policy(max_fusion_size=max_fusion_size)
+        policy = Policy() if max_fusion_size is None else Policy(max_fusion_size=max_fusion_size)
     if policy.max_fusion_size <= 0 or not policy.pointwise:
         return [], []
     feeds = frozenset(node_name(f) for f in feeds) | policy.feeds
