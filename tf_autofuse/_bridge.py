@@ -3,7 +3,7 @@
 `optimize` gets the serialized GraphDef, the nodes Grappler must preserve, the fed nodes,
 statically inferred shapes and the session's parameter_map, and returns the rewritten
 GraphDef's bytes, or None for "leave the graph as it is". It never raises: any failure
-becomes one AutofuseWarning and the graph runs unfused (invariant 3 of DESIGN.md).
+becomes one AutofuseWarning and the graph runs unfused (docs/DESIGN.md, invariant 3).
 The rewrite is the Python API's: `Fuser.from_flags(flags)`, with the patterns registered by
 tf_autofuse.register_pattern.
 """

@@ -178,7 +178,7 @@ _SPECS: dict[str, _Spec] = {
         "most distinct inputs of one fused kernel"),
     "cost_model": _Spec(
         FLAGS_ENV, _parse_cost_model, "one of " + ", ".join(COST_MODELS), "none",
-        "the partitioner's cost model (README, API: cost models); none fuses whatever the "
+        "the partitioner's cost model (docs/API.md, cost models); none fuses whatever the "
         "limits allow"),
     "kernel_profile": _Spec(
         DFX_FLAGS_ENV, _parse_path, "a file path", None,
