@@ -174,15 +174,19 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
     errors.phase("lower")
     namer = Namer(node.name for node in graph_def.node)
     plans, fusions = [], []
+
+    def add(kind: str, suffix, members: tuple, device: str, lowered) -> None:
+        name = namer.name(kind, suffix)
+        keep = frozenset(m for m in members if keeps_name(view, m, preserve))
+        plans.append(Planned(name, members, device, lowered, keep))
+        fusions.append(Fusion(name, "pattern" if kind == "pattern" else lowered.kind,
+                              original_names(members, unfolded), lowered.op_types,
+                              lowered.program.print(), lowered.absorbed))
+
     for claim in claims:
         errors.at(claim.members[0])
-        name = namer.name("pattern", [claim.suffix])
-        keep = frozenset(m for m in claim.members if keeps_name(view, m, preserve))
-        plans.append(Planned(name, claim.members, view.device(claim.members[0]), claim.lowered,
-                             keep))
-        fusions.append(Fusion(name, "pattern", original_names(claim.members, unfolded),
-                              claim.lowered.op_types,
-                              claim.lowered.program.print(), claim.lowered.absorbed))
+        add("pattern", [claim.suffix], tuple(claim.members), view.device(claim.members[0]),
+            claim.lowered)
     for group in groups:
         errors.at(group.members[0])
         try:
@@ -190,13 +194,7 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         except Unfusible as err:  # only an internal error: the partitioner checked the group
             refusals.append(Refusal(group.members[0], str(err)))
             continue
-        name = namer.name(lowered.kind, lowered.op_types)
-        keep = frozenset(m for m in group.members if keeps_name(view, m, preserve))
-        plans.append(Planned(name, tuple(group.members), group.device, lowered, keep))
-        fusions.append(
-            Fusion(name, lowered.kind, original_names(group.members, unfolded), lowered.op_types,
-                   lowered.program.print(), lowered.absorbed)
-        )
+        add(lowered.kind, lowered.op_types, tuple(group.members), group.device, lowered)
     if not plans:
         return Rewrite(unchanged(), [], refusals)
     errors.phase("splice")
