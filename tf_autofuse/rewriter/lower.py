@@ -291,6 +291,7 @@ def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
                     raise Unfusible(f"{name} reads output {tensor[1]} of member {tensor[0]}")
                 operands.append(("val", tensor[0], values[tensor[0]], dtype))
                 continue
+            tensor = view.same_value(tensor, feeds)  # one input for reads of one variable
             state.producers.add(tensor[0])
             immediate = _immediate(view, tensor, dtype, feeds)
             if immediate is not None:
