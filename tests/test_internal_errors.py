@@ -141,3 +141,16 @@ def test_a_user_error_is_not_an_internal_error():
 
     with pytest.raises(ValueError, match="no_such_model"):
         rewriter_package.rewrite(graph.as_graph_def(), preserve=["exp"], flags=Flags())
+
+
+def test_a_bug_in_the_api_s_shape_pass_is_an_autofuse_error(monkeypatch):
+    from tf_autofuse import fuser
+
+    def static_shapes(*args):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(fuser, "static_shapes", static_shapes)
+    graph, _, _ = _two_chains()
+    with pytest.raises(tf_autofuse.AutofuseError, match=r"\(static shapes\).*IndexError") as caught:
+        tf_autofuse.fuse(graph, outputs=["exp", "sig"])
+    assert isinstance(caught.value.__cause__, IndexError)
