@@ -117,7 +117,9 @@ def _cpu_flags() -> str:
 
 
 def _sources() -> list[Path]:
-    return sorted(p for p in SOURCE_DIR.iterdir() if p.suffix in (".cc", ".h"))
+    """The C++ sources: cc/*.cc (each compiled) and every header under cc/ (cc/cpu/ holds the
+    parts of the interpreter's translation unit)."""
+    return sorted(p for p in SOURCE_DIR.rglob("*") if p.suffix in (".cc", ".h"))
 
 
 def _headers() -> list[Path]:
@@ -140,14 +142,14 @@ def build_key(cxx: str, compile_flags: list[str], link_flags: list[str], tf_vers
         digest.update(part.encode())
         digest.update(b"\0")
     for path in _sources() + _headers():
-        digest.update(path.name.encode())
+        digest.update(str(path.relative_to(path.parent.parent)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
 
 
 def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], out: Path) -> None:
     include = sysconfig.get_paths()["include"]
-    sources = [p for p in _sources() if p.suffix == ".cc"]
+    sources = [p for p in _sources() if p.suffix == ".cc" and p.parent == SOURCE_DIR]
     objects = []
     jobs = []
     exclusions = _native_exclusions(cxx)
