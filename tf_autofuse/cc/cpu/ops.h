@@ -17,6 +17,7 @@
 #include "Eigen/Core"
 #include "unsupported/Eigen/SpecialFunctions"
 #include "convert.h"
+#include "kernels.h"
 #include "packet_math.h"
 
 namespace tf_autofuse {
@@ -294,23 +295,20 @@ void RunFloatBinary(OpCode op, const Arg<T>& x, const Arg<T>& y, T* out, int64_t
 
 template <typename T>
 void RunFloat(OpCode op, const Arg<T>& x, const Arg<T>& y, T* out, int64_t n) {
-  switch (op) {
-    case OpCode::kAbs: case OpCode::kNeg: case OpCode::kSquare: case OpCode::kReciprocal:
-    case OpCode::kSqrt: case OpCode::kRsqrt: case OpCode::kSign: case OpCode::kFloor:
-    case OpCode::kCeil: case OpCode::kRound:
+  switch (CpuKernelsOf(op).floats) {
+    case Kernel::kFloatSimple:
       RunFloatSimple<T>(op, In<T>(x.data, n), Out<T>(out, n));
       break;
-    case OpCode::kExp: case OpCode::kExpm1: case OpCode::kLog: case OpCode::kLog1p:
-    case OpCode::kErf: case OpCode::kErfc: case OpCode::kSin: case OpCode::kCos: case OpCode::kTan:
-    case OpCode::kAtan: case OpCode::kSinh: case OpCode::kCosh:
+    case Kernel::kFloatTranscendental:
       RunFloatTranscendental<T>(op, In<T>(x.data, n), Out<T>(out, n));
       break;
-    case OpCode::kRelu: case OpCode::kRelu6: case OpCode::kElu: case OpCode::kSelu:
-    case OpCode::kSigmoid: case OpCode::kTanh: case OpCode::kSoftplus: case OpCode::kSoftsign:
+    case Kernel::kFloatActivation:
       RunFloatActivation<T>(op, In<T>(x.data, n), Out<T>(out, n));
       break;
-    default:
+    case Kernel::kFloatBinary:
       RunFloatBinary<T>(op, x, y, out, n);
+      break;
+    default:
       break;
   }
 }

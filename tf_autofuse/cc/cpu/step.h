@@ -67,7 +67,7 @@ void RunSameType(const Step& step, const char* const* src, char* dst, int64_t co
       step.num_src > 1 ? MakeArg<T>(step.src[1], src[1], scalar_reduced) : Arg<T>{nullptr, T(0)};
   T* out = reinterpret_cast<T*>(dst);
   if constexpr (std::is_same_v<T, int32_t>) {
-    if (step.num_src == 1) {
+    if (CpuKernelsOf(step.op).ints == Kernel::kIntUnary) {
       RunIntUnary(step.op, x.data, out, count);
     } else {
       RunIntBinary(step.op, x, y, out, count);
@@ -75,7 +75,7 @@ void RunSameType(const Step& step, const char* const* src, char* dst, int64_t co
   } else if constexpr (std::is_same_v<T, uint8_t>) {
     RunLogical(step.op, x, y, out, count);
   } else {
-    if (step.op == OpCode::kLeakyRelu) {
+    if (CpuKernelsOf(step.op).floats == Kernel::kLeakyRelu) {
       RunLeakyRelu<T>(x.data, ImmediateOf<T>(step.attr), out, count);
     } else if (x.data == nullptr && y.data == nullptr) {
       // Both operands scalars (a reduced scalar and an immediate cannot meet in a full pass, but
@@ -157,17 +157,14 @@ void RunCompute(const Step& step, const char* const* src, char* dst, int64_t cou
     }
     return;
   }
-  switch (step.op) {
-    case OpCode::kCast:
+  switch (CpuKernelFor(step.op, step.src_ctype)) {
+    case Kernel::kCast:
       RunCast(step.src_ctype, step.dtype, src[0], dst, count);
       return;
-    case OpCode::kZerosLike:
-    case OpCode::kOnesLike:
+    case Kernel::kFill:
       Fill(step.ctype, step.op == OpCode::kOnesLike, dst, count);
       return;
-    case OpCode::kIsNan:
-    case OpCode::kIsInf:
-    case OpCode::kIsFinite:
+    case Kernel::kClassify:
       if (step.src_ctype == ComputeType::kF64) {
         RunClassify(step.op, reinterpret_cast<const double*>(src[0]),
                     reinterpret_cast<uint8_t*>(dst), count);
@@ -176,8 +173,7 @@ void RunCompute(const Step& step, const char* const* src, char* dst, int64_t cou
                     reinterpret_cast<uint8_t*>(dst), count);
       }
       return;
-    case OpCode::kGreater: case OpCode::kGreaterEqual: case OpCode::kLess:
-    case OpCode::kLessEqual: case OpCode::kEqual: case OpCode::kNotEqual:
+    case Kernel::kCompare:
       switch (step.src_ctype) {
         case ComputeType::kF32: RunCompareAs<float>(step, src, dst, count, scalar_reduced); break;
         case ComputeType::kF64: RunCompareAs<double>(step, src, dst, count, scalar_reduced); break;
@@ -185,7 +181,7 @@ void RunCompute(const Step& step, const char* const* src, char* dst, int64_t cou
         case ComputeType::kBool: break;
       }
       return;
-    case OpCode::kSelect:
+    case Kernel::kSelect:
       switch (step.ctype) {
         case ComputeType::kF32: RunSelectAs<float>(step, src, dst, count, scalar_reduced); break;
         case ComputeType::kF64: RunSelectAs<double>(step, src, dst, count, scalar_reduced); break;
