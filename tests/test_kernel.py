@@ -19,6 +19,10 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.python.framework import op_def_registry
+
+from tf_autofuse.rewriter import catalog
 
 try:
     from scipy import special as _special
@@ -110,10 +114,6 @@ def _sigmoid(x):
         return 1.0 / (1.0 + np.exp(-x))
 
 
-_SELU_SCALE = 1.0507009873554805
-_SELU_ALPHA = 1.6732632423543772
-
-
 class Op:
     def __init__(self, name, tf_fn, ref, domain="normal", ints=False, int_ref=None, arity=1):
         self.name = name
@@ -128,51 +128,44 @@ class Op:
         return self.name
 
 
-UNARY = [
-    Op("Abs", tf.abs, np.abs, ints=True, int_ref=np.abs),
-    Op("Neg", tf.negative, np.negative, ints=True, int_ref=np.negative),
-    Op("Relu", tf.nn.relu, lambda x: np.maximum(x, 0), ints=True,
-       int_ref=lambda x: np.maximum(x, 0)),
-    Op("Relu6", tf.nn.relu6, lambda x: np.minimum(np.maximum(x, 0), 6), domain="small",
-       ints=True, int_ref=lambda x: np.minimum(np.maximum(x, 0), 6)),
-    Op("Elu", tf.nn.elu, lambda x: np.where(x < 0, np.expm1(x), x)),
-    Op("Selu", tf.nn.selu,
-       lambda x: np.where(x < 0, _SELU_SCALE * _SELU_ALPHA * np.expm1(x), _SELU_SCALE * x)),
-    Op("Exp", tf.exp, np.exp, domain="exp"),
-    Op("Expm1", tf.math.expm1, np.expm1, domain="exp"),
-    Op("Log", tf.math.log, np.log, domain="positive"),
-    Op("Log1p", tf.math.log1p, np.log1p, domain="log1p"),
-    Op("Sqrt", tf.sqrt, np.sqrt, domain="positive"),
-    Op("Rsqrt", tf.math.rsqrt, lambda x: 1.0 / np.sqrt(x), domain="positive"),
-    Op("Square", tf.square, np.square, ints=True, int_ref=np.square),
-    Op("Reciprocal", tf.math.reciprocal, lambda x: 1.0 / x),
-    Op("Sigmoid", tf.sigmoid, _sigmoid, domain="wide"),
-    Op("Tanh", tf.tanh, np.tanh),
-    Op("Softplus", tf.nn.softplus, lambda x: np.logaddexp(0.0, x), domain="wide"),
-    Op("Softsign", tf.nn.softsign, lambda x: x / (1.0 + np.abs(x))),
-    Op("Sign", tf.sign, np.sign, ints=True, int_ref=np.sign),
-    Op("Floor", tf.floor, np.floor, domain="halves"),
-    Op("Ceil", tf.math.ceil, np.ceil, domain="halves"),
-    Op("Round", tf.round, np.rint, domain="halves"),
-    Op("Erf", tf.math.erf, _erf),
-    Op("Erfc", tf.math.erfc, _erfc),
-    Op("Sin", tf.sin, np.sin, domain="trig"),
-    Op("Cos", tf.cos, np.cos, domain="trig"),
-]
-def _binary(*args, **kwargs):
-    return Op(*args, arity=2, **kwargs)
+def raw_op(op_type):
+    """TensorFlow's own kernel of an op type, called with its operands in order."""
+    names = [arg.name for arg in op_def_registry.get(op_type).input_arg]
+    fn = getattr(tf.raw_ops, op_type)
+    return lambda *args: fn(**dict(zip(names, args)))
 
 
-BINARY = [
-    _binary("Add", tf.add, lambda x, y: x + y, ints=True, int_ref=lambda x, y: x + y),
-    _binary("Sub", tf.subtract, lambda x, y: x - y, ints=True, int_ref=lambda x, y: x - y),
-    _binary("Mul", tf.multiply, lambda x, y: x * y, ints=True, int_ref=lambda x, y: x * y),
-    _binary("Div", tf.math.truediv, lambda x, y: x / y),
-    _binary("Maximum", tf.maximum, np.maximum, ints=True, int_ref=np.maximum),
-    _binary("Minimum", tf.minimum, np.minimum, ints=True, int_ref=np.minimum),
-    _binary("SquaredDifference", tf.math.squared_difference, lambda x, y: (x - y) ** 2,
-            ints=True, int_ref=lambda x, y: (x - y) ** 2),
-]
+# Where the test inputs of an op are drawn from (float_inputs, int_inputs); "normal" if unlisted.
+_DOMAINS = {"Relu6": "small", "Exp": "exp", "Expm1": "exp", "Log": "positive", "Log1p": "log1p",
+            "Sqrt": "positive", "Rsqrt": "positive", "Sigmoid": "wide", "Softplus": "wide",
+            "Floor": "halves", "Ceil": "halves", "Round": "halves", "Sin": "trig",
+            "Cos": "trig", "Tan": "trig", "Atan": "wide", "Sinh": "small", "Cosh": "small"}
+# References closer to exact than the table's (scipy, mpmath), for the f64 kernels.
+_EXACT_REFERENCES = {"Erf": _erf, "Erfc": _erfc, "Sigmoid": _sigmoid}
+# Binary ops whose operands need inputs of their own (test_kernel_broadcast_reduce.py,
+# test_binary_with_own_inputs): negative bases with integral exponents, divisors away from 0.
+OWN_INPUTS = frozenset({"Pow", "FloorDiv", "FloorMod"})
+
+
+def _plain(spec):
+    """An op of the table that check_op runs: operands and result of one float (or i32) dtype,
+    no attribute."""
+    return (spec.kind != catalog.REDUCE and spec.result == "same" and not spec.attrs
+            and spec.arity <= 2 and catalog.FLOAT <= spec.dtypes <= catalog.FLOAT_I32)
+
+
+def table_op(spec):
+    """The test's view of an op of the table (catalog.OPS): TensorFlow's kernel, the reference."""
+    ints = types_pb2.DT_INT32 in spec.dtypes
+    return Op(spec.ir_name, raw_op(spec.tf_ops[0]),
+              _EXACT_REFERENCES.get(spec.ir_name, spec.reference),
+              domain=_DOMAINS.get(spec.ir_name, "normal"), ints=ints,
+              int_ref=spec.reference if ints else None, arity=spec.arity)
+
+
+UNARY = [table_op(s) for s in catalog.OPS if _plain(s) and s.arity == 1]
+BINARY = [table_op(s) for s in catalog.OPS
+          if _plain(s) and s.arity == 2 and s.ir_name not in OWN_INPUTS]
 ALL_OPS = UNARY + BINARY
 
 _SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0]
