@@ -239,9 +239,9 @@ def as_f64(tensor):
     return tensor.numpy().astype(np.float64)
 
 
-# Ops whose fp32 kernel has a documented error bound of its own (interpreter.cc), in f32 ulps of
+# Ops whose fp32 kernel has a documented error bound of its own (cc/cpu/), in f32 ulps of
 # the exact value: an element within it passes even where TensorFlow's kernel happens to be
-# closer. Erfc: ours (interpreter.cc, ErfcPacket) is within 6 ulps everywhere, TensorFlow's up to
+# closer. Erfc: ours (packet_math.h, ErfcPacket) is within 6 ulps everywhere, TensorFlow's up to
 # ~65 off in the tail but closer in places.
 _BOUND_ULPS = {"Erfc": 6}
 
@@ -338,7 +338,7 @@ def test_op_large(ops, op, dtype, n):
 
 
 def test_erfc_f32_within_its_bound_over_its_range(ops):
-    """Erfc f32 (interpreter.cc, ErfcPacket) is within _BOUND_ULPS of the exact value on a dense
+    """Erfc f32 (packet_math.h, ErfcPacket) is within _BOUND_ULPS of the exact value on a dense
     grid of its range (in places TensorFlow's kernel is closer; in the tail TensorFlow's is much
     further off). The grid is what the per-op test samples only sparsely."""
     x = np.concatenate([np.linspace(0.9, 1.05, 2048), np.linspace(-4, 10, 2048)]).astype(np.float32)
@@ -368,7 +368,7 @@ def _f32_run(start, count):
 
 
 def test_erfc_f32_dense_grid_tails_and_specials(ops):
-    """Erfc f32 is our own approximation (interpreter.cc, ErfcPacket: 1 - x E(x^2) below |x| = 0.5,
+    """Erfc f32 is our own approximation (packet_math.h, ErfcPacket: 1 - x E(x^2) below |x| = 0.5,
     exp(-x^2) P/Q above, 2 - erfc(-x) for x < 0). On 2^20 points over [-5, 11], runs of
     consecutive float32 at the branch switch (|x| = 0.5), from 9 and from 10 (results near and
     below 2^-126) and at the clamp (10.1), and a sample of |x| down to 2^-40: within 6 ulps of a
@@ -420,7 +420,7 @@ def test_erfc_f32_dense_grid_tails_and_specials(ops):
 
 
 def test_exp_f32_dense_grid_boundaries_and_specials(ops):
-    """Exp f32 is our own (interpreter.cc, ExpPacket: no per-packet range test, the scale 2^k
+    """Exp f32 is our own (packet_math.h, ExpPacket: no per-packet range test, the scale 2^k
     rounded once: vscalefps on AVX-512, else two powers of two). On 2^20 points over [-104, 89],
     runs of consecutive float32 below the overflow boundary (ln FLT_MAX = 88.7228) and around the
     results 2^-126 and 2^-149, and near 0: within 1.5 ulps of a float64 reference (over all
@@ -485,7 +485,7 @@ def test_chain_abs_relu_exp(ops, dtype, n):
 
 def test_runs_large_enough_to_prefetch_give_the_bits_of_small_ones(ops):
     """Runs of at least 2**20 elements prefetch their tensor inputs ahead of the strips
-    (interpreter.cc, kPrefetchElements; past a tensor's end too, as a hint). The last rows run
+    (cc/cpu/schedule.h, kPrefetchElements; past a tensor's end too, as a hint). The last rows run
     alone, too few to prefetch, give the same bits, and both match TensorFlow and float64: an
     f32 input read by Abs, a broadcast bias, an f16 input folded into its Exp, a ragged end."""
     rows, cols = 4033, 261  # 1_052_613 elements, not a whole number of strips or tiles
@@ -909,7 +909,7 @@ def test_bit_identical_across_runs_and_threads(ops, dtype, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Strip fusion (interpreter.cc, StripRun): full tiles run spans of fp32 elementwise steps strip by
+# Strip fusion (schedule.h, StripRun): full tiles run spans of fp32 elementwise steps strip by
 # strip; a ragged last tile runs them step by step over the tile. Both must give the same bits.
 
 _STRIP_PROGRAMS = {

@@ -304,7 +304,7 @@ def test_broadcast_large_bias_relu(ops, dtype):
                                             (20, 5000, "f16")])
 def test_bias_read_in_place_gives_the_bits_of_a_full_input(ops, rows, cols, dtype):
     """A bias whose values for a tile are one run somewhere is read in place by every op reading
-    its load, up to the op that reuses the load's register (interpreter.cc, RunStrips): an f32
+    its load, up to the op that reuses the load's register (cc/cpu/strip_run.h, RunStrips): an f32
     row as long as a tile or longer from the tensor itself (ReadsOneRun; rows of 5000 make some
     tiles cross a row, which load the bias as before), a row of up to 4096 values of any float
     type from that row repeated once per call (RepeatedRows). The same program with the bias

@@ -199,8 +199,8 @@ def toy_package(tmp_path_factory):
                   "    case OpCode::kCosh: out = x.unaryExpr([](T v) { return std::cosh(v); }); "
                   "break;\n", _BODY)
     _insert_after(package / "cc" / "cpu" / "kernels.h",
-                  "    case OpCode::kTan: case OpCode::kAtan: case OpCode::kSinh: case OpCode::kCosh:"
-                  "\n", _FAMILY)
+                  "    case OpCode::kTan: case OpCode::kAtan: case OpCode::kSinh: "
+                  "case OpCode::kCosh:\n", _FAMILY)
     opmap = package / "codegen" / "opmap.py"
     opmap.write_text(opmap.read_text() + _ASCEND_REFUSAL)
     return root

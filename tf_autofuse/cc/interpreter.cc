@@ -84,6 +84,7 @@
 //   strip_plan.h   strip fusion: the spans of a schedule that run strip by strip
 //   convert.h      tensors <-> slots: f16/bf16 conversion, stores, broadcast loads
 //   packet_math.h  our fp32 packet functions (Exp, Erfc, Sigmoid), shared by tiles and strips
+//   kernels.h      which family of ops.h runs each op, checked against the op table
 //   ops.h          the operators over a tile, one function per family (the kernel bodies)
 //   reduce.h       accumulators and the finishing of reductions
 //   step.h         one step of a schedule: operands, the compute dispatch, the Frame of a run

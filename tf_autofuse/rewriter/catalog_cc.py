@@ -64,8 +64,8 @@ def header_text(ops=None) -> str:
         "// The op table, generated from tf_autofuse/rewriter/catalog.py by catalog_cc.py when the",
         "// kernel library is built. Change the catalog, not this file.",
         "//",
-        "// TF_AUTOFUSE_OPS(X) calls X(Name, arity, dtype classes, result kind, cost, never_negative,",
-        "// cpu_refusal) once per op, in the catalog's order (the reductions last).",
+        "// TF_AUTOFUSE_OPS(X) calls X(Name, arity, dtype classes, result kind, cost,",
+        "// never_negative, cpu_refusal) once per op, in the catalog's order (the reductions last).",
         "",
         "#define TF_AUTOFUSE_OPS(X) \\",
     ]

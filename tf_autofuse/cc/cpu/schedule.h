@@ -48,7 +48,9 @@ inline int ComputeSize(ComputeType type) {
 }
 
 // Values of these dtypes are stored as they are computed, so tensors can be used in place.
-inline bool IsComputedAsStored(DType dtype) { return dtype != DType::kF16 && dtype != DType::kBF16; }
+inline bool IsComputedAsStored(DType dtype) {
+  return dtype != DType::kF16 && dtype != DType::kBF16;
+}
 
 // Slots and tiles are padded to this many elements: a whole number of SIMD packets, and a slot
 // is a multiple of 64 bytes.
