@@ -77,9 +77,9 @@ def test_cost_models_read_the_table():
 
 
 def test_a_stated_cpu_refusal_is_the_partitioners_reason(monkeypatch):
-    spec = dataclasses.replace(catalog.for_tf_op("Tanh"), cpu_refusal="not written yet")
-    monkeypatch.setitem(catalog._BY_TF_OP, "Tanh", spec)
-    monkeypatch.setitem(catalog.TF_OPS, "Tanh", catalog._direct("Tanh"))
+    spec = dataclasses.replace(catalog.for_ir_name("Tanh"), cpu_refusal="not written yet")
+    monkeypatch.setitem(catalog._BY_IR_NAME, "Tanh", spec)
+    monkeypatch.setattr(catalog, "TF_OPS", catalog._build_tf_ops())
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [8, 16], name="x")

@@ -442,8 +442,6 @@ def _cpu_refused(spec):
 
 def _direct(op_type, **more):
     spec = for_tf_op(op_type)
-    if spec.cpu_refusal is not None:
-        more["check"] = _cpu_refused(spec)
     return TfOp(op_type, spec.kind, spec.dtypes, (spec.ir_name,), _emit_plain(spec.ir_name),
                 n_data=spec.arity, **more)
 
@@ -479,6 +477,10 @@ def _build_tf_ops() -> dict:
         table[op_type] = TfOp(op_type, REDUCE, FLOAT_I32, (op_type,), _emit_reduce(op_type))
     for op_type in ("Reshape", "Squeeze", "ExpandDims"):
         table[op_type] = TfOp(op_type, VIEW, ANY, (), None)
+    for op_type, entry in table.items():  # a TF op lowering to an op the CPU kernel refuses
+        refused = [_BY_IR_NAME[ir] for ir in entry.ir_ops if _BY_IR_NAME[ir].cpu_refusal]
+        if refused:
+            table[op_type] = dataclasses.replace(entry, check=_cpu_refused(refused[0]))
     return table
 
 
