@@ -76,6 +76,37 @@ def test_cost_models_read_the_table():
     assert not catalog.is_transcendental("ClipByValue")
 
 
+def _documented_ops():
+    """IR op -> (arity, dtypes, result) from the op table of docs/PROGRAM.md."""
+    text = (PACKAGE.parent / "docs" / "PROGRAM.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) != 4 or not cells[1].isdigit():
+            continue
+        names, arity, dtypes, _ = cells
+        operands, _, result = dtypes.partition(" -> ")
+        if "(T " in result:  # Select: "bool, T, T -> T (T float, i32)"
+            operands, result = result[result.index("(T ") + 3:-1], "same"
+        allowed = set()
+        for word, group in (("float", catalog.FLOAT), ("i32", {types_pb2.DT_INT32}),
+                            ("bool", catalog.BOOL)):
+            if word in operands.split(", "):
+                allowed |= set(group)
+        result = "bool" if result == "bool" else "to" if result == "float" else "same"
+        for name in names.split(", "):
+            rows[name] = (int(arity), frozenset(allowed), result)
+    return rows
+
+
+def test_program_md_documents_every_op_of_the_table():
+    documented = _documented_ops()
+    for spec in catalog.OPS:
+        assert spec.ir_name in documented, f"{spec.ir_name} is not in docs/PROGRAM.md's op table"
+        assert documented[spec.ir_name] == (spec.arity, spec.dtypes, spec.result), spec.ir_name
+    assert set(documented) == {spec.ir_name for spec in catalog.OPS}
+
+
 def test_a_stated_cpu_refusal_is_the_partitioners_reason(monkeypatch):
     spec = dataclasses.replace(catalog.for_ir_name("Tanh"), cpu_refusal="not written yet")
     monkeypatch.setitem(catalog._BY_IR_NAME, "Tanh", spec)
