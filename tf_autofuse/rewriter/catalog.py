@@ -435,8 +435,15 @@ def _cast_dtypes(node, n):
     return [node.attr["SrcT"].type if "SrcT" in node.attr else None]
 
 
+def cpu_refusal_reason(spec: OpSpec) -> Optional[str]:
+    """Why an op cannot be fused (the CPU kernel does not run it), or None."""
+    if spec.cpu_refusal is None:
+        return None
+    return f"{spec.ir_name} has no CPU kernel: {spec.cpu_refusal}"
+
+
 def _cpu_refused(spec):
-    reason = f"{spec.ir_name} has no CPU kernel: {spec.cpu_refusal}"
+    reason = cpu_refusal_reason(spec)
     return lambda node: reason
 
 
