@@ -12,7 +12,7 @@ setup(
     version="0.1.0",
     description="Automatic fusion of memory-bound operator chains for TensorFlow",
     packages=find_packages(include=["tf_autofuse", "tf_autofuse.*"]),
-    package_data={"tf_autofuse": ["cc/*.cc", "cc/*.h", "codegen/twin/*.h", "codegen/twin/*.cpp",
+    package_data={"tf_autofuse": ["cc/*.cc", "cc/*.h", "cc/cpu/*.h", "codegen/twin/*.h", "codegen/twin/*.cpp",
                                   "codegen/twin/acl/*.h", "codegen/host/*.h"]},
     python_requires=">=3.10",
     install_requires=[

@@ -1,8 +1,8 @@
-// Exhaustive accuracy of the fp32 erfc (interpreter.cc's ErfcPacket) and of Eigen's fp32 erfc
+// Exhaustive accuracy of the fp32 erfc (packet_math.h's ErfcPacket) and of Eigen's fp32 erfc
 // (what RunErfc used before), over every finite float32, against the C library's double erfc
 // (~1e-15 relative: exact enough for fp32 ulps); then their speed on an L1-resident array, one
 // core (packet_timing.h). Built and run by `scripts/packet_ulps.sh erfc`, which pastes
-// ErfcPacket out of interpreter.cc into erfc_packet.inc. `ftz` as argument: flush subnormals as
+// ErfcPacket out of packet_math.h into erfc_packet.inc. `ftz` as argument: flush subnormals as
 // TensorFlow's threads do. Ulps are of the reference, subnormal spacing below 2^-126, as
 // tests/test_kernel.py's ulp().
 #include <unsupported/Eigen/SpecialFunctions>

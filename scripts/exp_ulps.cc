@@ -1,7 +1,7 @@
-// Exhaustive accuracy of the fp32 exp (interpreter.cc's ExpPacket) and of Eigen's fp32 exp (what
+// Exhaustive accuracy of the fp32 exp (packet_math.h's ExpPacket) and of Eigen's fp32 exp (what
 // TensorFlow's kernels and the Exp op before it use), over every float32, against the C
 // library's double exp; then their speed on an L1-resident array, one core (packet_timing.h).
-// Built and run by scripts/packet_ulps.sh exp, which pastes ExpPacket out of interpreter.cc into
+// Built and run by scripts/packet_ulps.sh exp, which pastes ExpPacket out of packet_math.h into
 // exp_packet.inc.
 // `ftz` as argument: flush subnormals as TensorFlow's threads do. Ulps are of the float nearest
 // the reference (subnormal spacing below 2^-126); a result that overflows float must be inf.

@@ -1,4 +1,4 @@
-"""Fit the coefficients of the fp32 erfc in tf_autofuse/cc/interpreter.cc (ErfcPacket).
+"""Fit the coefficients of the fp32 erfc in tf_autofuse/cc/cpu/packet_math.h (ErfcPacket).
 
     python scripts/fit_erfc.py        # needs numpy and scipy; prints the float32 coefficients
 

@@ -1,6 +1,6 @@
 // Speed of a packet function, shared by scripts/exp_ulps.cc and scripts/erfc_ulps.cc: ns an
 // element over an L1-resident array of 4096 floats evenly over [-10, 10], two packets a turn as
-// interpreter.cc's RunPackets, one core, the best of 3 runs of 20000 passes. With FTZ/DAZ on, as
+// packet_math.h's RunPackets, one core, the best of 3 runs of 20000 passes. With FTZ/DAZ on, as
 // on TensorFlow's threads: without, each packet holding a subnormal result (erfc beyond |x| ~ 9.4)
 // takes a microcode assist that costs more than the function itself.
 #ifndef TF_AUTOFUSE_SCRIPTS_PACKET_TIMING_H_

@@ -19,6 +19,10 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.python.framework import op_def_registry
+
+from tf_autofuse.rewriter import catalog
 
 try:
     from scipy import special as _special
@@ -110,10 +114,6 @@ def _sigmoid(x):
         return 1.0 / (1.0 + np.exp(-x))
 
 
-_SELU_SCALE = 1.0507009873554805
-_SELU_ALPHA = 1.6732632423543772
-
-
 class Op:
     def __init__(self, name, tf_fn, ref, domain="normal", ints=False, int_ref=None, arity=1):
         self.name = name
@@ -128,51 +128,44 @@ class Op:
         return self.name
 
 
-UNARY = [
-    Op("Abs", tf.abs, np.abs, ints=True, int_ref=np.abs),
-    Op("Neg", tf.negative, np.negative, ints=True, int_ref=np.negative),
-    Op("Relu", tf.nn.relu, lambda x: np.maximum(x, 0), ints=True,
-       int_ref=lambda x: np.maximum(x, 0)),
-    Op("Relu6", tf.nn.relu6, lambda x: np.minimum(np.maximum(x, 0), 6), domain="small",
-       ints=True, int_ref=lambda x: np.minimum(np.maximum(x, 0), 6)),
-    Op("Elu", tf.nn.elu, lambda x: np.where(x < 0, np.expm1(x), x)),
-    Op("Selu", tf.nn.selu,
-       lambda x: np.where(x < 0, _SELU_SCALE * _SELU_ALPHA * np.expm1(x), _SELU_SCALE * x)),
-    Op("Exp", tf.exp, np.exp, domain="exp"),
-    Op("Expm1", tf.math.expm1, np.expm1, domain="exp"),
-    Op("Log", tf.math.log, np.log, domain="positive"),
-    Op("Log1p", tf.math.log1p, np.log1p, domain="log1p"),
-    Op("Sqrt", tf.sqrt, np.sqrt, domain="positive"),
-    Op("Rsqrt", tf.math.rsqrt, lambda x: 1.0 / np.sqrt(x), domain="positive"),
-    Op("Square", tf.square, np.square, ints=True, int_ref=np.square),
-    Op("Reciprocal", tf.math.reciprocal, lambda x: 1.0 / x),
-    Op("Sigmoid", tf.sigmoid, _sigmoid, domain="wide"),
-    Op("Tanh", tf.tanh, np.tanh),
-    Op("Softplus", tf.nn.softplus, lambda x: np.logaddexp(0.0, x), domain="wide"),
-    Op("Softsign", tf.nn.softsign, lambda x: x / (1.0 + np.abs(x))),
-    Op("Sign", tf.sign, np.sign, ints=True, int_ref=np.sign),
-    Op("Floor", tf.floor, np.floor, domain="halves"),
-    Op("Ceil", tf.math.ceil, np.ceil, domain="halves"),
-    Op("Round", tf.round, np.rint, domain="halves"),
-    Op("Erf", tf.math.erf, _erf),
-    Op("Erfc", tf.math.erfc, _erfc),
-    Op("Sin", tf.sin, np.sin, domain="trig"),
-    Op("Cos", tf.cos, np.cos, domain="trig"),
-]
-def _binary(*args, **kwargs):
-    return Op(*args, arity=2, **kwargs)
+def raw_op(op_type):
+    """TensorFlow's own kernel of an op type, called with its operands in order."""
+    names = [arg.name for arg in op_def_registry.get(op_type).input_arg]
+    fn = getattr(tf.raw_ops, op_type)
+    return lambda *args: fn(**dict(zip(names, args)))
 
 
-BINARY = [
-    _binary("Add", tf.add, lambda x, y: x + y, ints=True, int_ref=lambda x, y: x + y),
-    _binary("Sub", tf.subtract, lambda x, y: x - y, ints=True, int_ref=lambda x, y: x - y),
-    _binary("Mul", tf.multiply, lambda x, y: x * y, ints=True, int_ref=lambda x, y: x * y),
-    _binary("Div", tf.math.truediv, lambda x, y: x / y),
-    _binary("Maximum", tf.maximum, np.maximum, ints=True, int_ref=np.maximum),
-    _binary("Minimum", tf.minimum, np.minimum, ints=True, int_ref=np.minimum),
-    _binary("SquaredDifference", tf.math.squared_difference, lambda x, y: (x - y) ** 2,
-            ints=True, int_ref=lambda x, y: (x - y) ** 2),
-]
+# Where the test inputs of an op are drawn from (float_inputs, int_inputs); "normal" if unlisted.
+_DOMAINS = {"Relu6": "small", "Exp": "exp", "Expm1": "exp", "Log": "positive", "Log1p": "log1p",
+            "Sqrt": "positive", "Rsqrt": "positive", "Sigmoid": "wide", "Softplus": "wide",
+            "Floor": "halves", "Ceil": "halves", "Round": "halves", "Sin": "trig",
+            "Cos": "trig", "Tan": "trig", "Atan": "wide", "Sinh": "small", "Cosh": "small"}
+# References closer to exact than the table's (scipy, mpmath), for the f64 kernels.
+_EXACT_REFERENCES = {"Erf": _erf, "Erfc": _erfc, "Sigmoid": _sigmoid}
+# Binary ops whose operands need inputs of their own (test_kernel_broadcast_reduce.py,
+# test_binary_with_own_inputs): negative bases with integral exponents, divisors away from 0.
+OWN_INPUTS = frozenset({"Pow", "FloorDiv", "FloorMod"})
+
+
+def _plain(spec):
+    """An op of the table that check_op runs: operands and result of one float (or i32) dtype,
+    no attribute."""
+    return (spec.kind != catalog.REDUCE and spec.result == "same" and not spec.attrs
+            and spec.arity <= 2 and catalog.FLOAT <= spec.dtypes <= catalog.FLOAT_I32)
+
+
+def table_op(spec):
+    """The test's view of an op of the table (catalog.OPS): TensorFlow's kernel, the reference."""
+    ints = types_pb2.DT_INT32 in spec.dtypes
+    return Op(spec.ir_name, raw_op(spec.tf_ops[0]),
+              _EXACT_REFERENCES.get(spec.ir_name, spec.reference),
+              domain=_DOMAINS.get(spec.ir_name, "normal"), ints=ints,
+              int_ref=spec.reference if ints else None, arity=spec.arity)
+
+
+UNARY = [table_op(s) for s in catalog.OPS if _plain(s) and s.arity == 1]
+BINARY = [table_op(s) for s in catalog.OPS
+          if _plain(s) and s.arity == 2 and s.ir_name not in OWN_INPUTS]
 ALL_OPS = UNARY + BINARY
 
 _SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0]
@@ -246,9 +239,9 @@ def as_f64(tensor):
     return tensor.numpy().astype(np.float64)
 
 
-# Ops whose fp32 kernel has a documented error bound of its own (interpreter.cc), in f32 ulps of
+# Ops whose fp32 kernel has a documented error bound of its own (cc/cpu/), in f32 ulps of
 # the exact value: an element within it passes even where TensorFlow's kernel happens to be
-# closer. Erfc: ours (interpreter.cc, ErfcPacket) is within 6 ulps everywhere, TensorFlow's up to
+# closer. Erfc: ours (packet_math.h, ErfcPacket) is within 6 ulps everywhere, TensorFlow's up to
 # ~65 off in the tail but closer in places.
 _BOUND_ULPS = {"Erfc": 6}
 
@@ -345,7 +338,7 @@ def test_op_large(ops, op, dtype, n):
 
 
 def test_erfc_f32_within_its_bound_over_its_range(ops):
-    """Erfc f32 (interpreter.cc, ErfcPacket) is within _BOUND_ULPS of the exact value on a dense
+    """Erfc f32 (packet_math.h, ErfcPacket) is within _BOUND_ULPS of the exact value on a dense
     grid of its range (in places TensorFlow's kernel is closer; in the tail TensorFlow's is much
     further off). The grid is what the per-op test samples only sparsely."""
     x = np.concatenate([np.linspace(0.9, 1.05, 2048), np.linspace(-4, 10, 2048)]).astype(np.float32)
@@ -375,7 +368,7 @@ def _f32_run(start, count):
 
 
 def test_erfc_f32_dense_grid_tails_and_specials(ops):
-    """Erfc f32 is our own approximation (interpreter.cc, ErfcPacket: 1 - x E(x^2) below |x| = 0.5,
+    """Erfc f32 is our own approximation (packet_math.h, ErfcPacket: 1 - x E(x^2) below |x| = 0.5,
     exp(-x^2) P/Q above, 2 - erfc(-x) for x < 0). On 2^20 points over [-5, 11], runs of
     consecutive float32 at the branch switch (|x| = 0.5), from 9 and from 10 (results near and
     below 2^-126) and at the clamp (10.1), and a sample of |x| down to 2^-40: within 6 ulps of a
@@ -427,7 +420,7 @@ def test_erfc_f32_dense_grid_tails_and_specials(ops):
 
 
 def test_exp_f32_dense_grid_boundaries_and_specials(ops):
-    """Exp f32 is our own (interpreter.cc, ExpPacket: no per-packet range test, the scale 2^k
+    """Exp f32 is our own (packet_math.h, ExpPacket: no per-packet range test, the scale 2^k
     rounded once: vscalefps on AVX-512, else two powers of two). On 2^20 points over [-104, 89],
     runs of consecutive float32 below the overflow boundary (ln FLT_MAX = 88.7228) and around the
     results 2^-126 and 2^-149, and near 0: within 1.5 ulps of a float64 reference (over all
@@ -492,7 +485,7 @@ def test_chain_abs_relu_exp(ops, dtype, n):
 
 def test_runs_large_enough_to_prefetch_give_the_bits_of_small_ones(ops):
     """Runs of at least 2**20 elements prefetch their tensor inputs ahead of the strips
-    (interpreter.cc, kPrefetchElements; past a tensor's end too, as a hint). The last rows run
+    (cc/cpu/schedule.h, kPrefetchElements; past a tensor's end too, as a hint). The last rows run
     alone, too few to prefetch, give the same bits, and both match TensorFlow and float64: an
     f32 input read by Abs, a broadcast bias, an f16 input folded into its Exp, a ragged end."""
     rows, cols = 4033, 261  # 1_052_613 elements, not a whole number of strips or tiles
@@ -916,7 +909,7 @@ def test_bit_identical_across_runs_and_threads(ops, dtype, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Strip fusion (interpreter.cc, StripRun): full tiles run spans of fp32 elementwise steps strip by
+# Strip fusion (schedule.h, StripRun): full tiles run spans of fp32 elementwise steps strip by
 # strip; a ragged last tile runs them step by step over the tile. Both must give the same bits.
 
 _STRIP_PROGRAMS = {

@@ -1,4 +1,5 @@
-"""Views, broadcasting, the new operators, bool, Cast, Select and reductions of the kernel.
+"""Views, broadcasting, LeakyRelu, the binary ops with inputs of their own, bool, Cast, Select
+and reductions of the kernel.
 
 Like test_kernel.py, every result is compared with TensorFlow's own ops on the same input and
 with a float64 numpy reference: each element within the dtype's tolerance of TensorFlow's, or
@@ -16,8 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from test_kernel import (DTYPES, FLOATS, INT32_MAX, INT32_MIN, _library_path, _load_module,
-                         as_f64, assert_float_close, float_inputs, program_text, run_fused, ulp)
+from test_kernel import (DTYPES, FLOATS, INT32_MAX, INT32_MIN, OWN_INPUTS, _library_path,
+                         _load_module, as_f64, assert_float_close, float_inputs, program_text,
+                         raw_op, run_fused, ulp)
+from tf_autofuse.rewriter import catalog
 
 
 @pytest.fixture(scope="module")
@@ -36,36 +39,23 @@ def rng_for(*seed):
 SIZES = (0, 1, 7, 1023, 100_003)
 
 # ---------------------------------------------------------------------------------------------
-# New unary float ops
+# LeakyRelu (its alpha attribute); the other unary ops are in test_kernel.py, taken from the table
 
 _LEAKY = 0.2
-NEW_UNARY = {
-    "Tan": (tf.math.tan, np.tan, "trig"),
-    "Atan": (tf.math.atan, np.arctan, "wide"),
-    "Sinh": (tf.math.sinh, np.sinh, "small"),
-    "Cosh": (tf.math.cosh, np.cosh, "small"),
-    "LeakyRelu": (lambda x: tf.nn.leaky_relu(x, alpha=_LEAKY),
-                  lambda x: np.where(x < 0, _LEAKY * x, x), "normal"),
-}
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("name", sorted(NEW_UNARY))
-def test_new_unary(ops, name, dtype, n):
-    tf_fn, ref_fn, domain = NEW_UNARY[name]
-    x = cast(float_inputs(domain, n, rng_for(name, dtype, n)), dtype)
-    attr = f" alpha={_LEAKY}" if name == "LeakyRelu" else ""
-    (fused,) = run_fused(ops, program_text([f"{dtype}[{n}]"], [f"{name} in0{attr}"], ["%0"]),
-                         [x], [DTYPES[dtype]])
-    unfused = tf_fn(x)
-    with np.errstate(all="ignore"):
-        ref = ref_fn(as_f64(x))
-    if name == "LeakyRelu":  # alpha is a value of the dtype, as in TensorFlow
-        a = tf.constant(_LEAKY, DTYPES[dtype]).numpy().astype(np.float64)
-        ref = np.where(as_f64(x) < 0, a * as_f64(x), as_f64(x))
+def test_leaky_relu(ops, dtype, n):
+    x = cast(float_inputs("normal", n, rng_for("LeakyRelu", dtype, n)), dtype)
+    (fused,) = run_fused(ops, program_text([f"{dtype}[{n}]"], [f"LeakyRelu in0 alpha={_LEAKY}"],
+                                           ["%0"]), [x], [DTYPES[dtype]])
+    unfused = tf.nn.leaky_relu(x, alpha=_LEAKY)
+    # alpha is a value of the dtype, as in TensorFlow
+    a = tf.constant(_LEAKY, DTYPES[dtype]).numpy().astype(np.float64)
+    ref = catalog.for_ir_name("LeakyRelu").reference(as_f64(x), alpha=a)
     assert fused.shape == unfused.shape and fused.dtype == unfused.dtype
-    assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, f"{name} {dtype}[{n}]")
+    assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, f"LeakyRelu {dtype}[{n}]")
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -129,19 +119,7 @@ def test_cast_rounds_in_the_middle(ops):
 
 
 # ---------------------------------------------------------------------------------------------
-# New binary ops, comparisons, Select
-
-def _floormod(x, y):
-    with np.errstate(all="ignore"):
-        return np.mod(x, y)
-
-
-NEW_BINARY = {
-    "Pow": (tf.pow, lambda x, y: np.power(x, y)),
-    "FloorDiv": (tf.math.floordiv, lambda x, y: np.floor(x / y)),
-    "FloorMod": (tf.math.floormod, _floormod),
-}
-
+# The binary ops with inputs of their own (test_kernel.OWN_INPUTS), comparisons, Select
 
 def _binary_inputs(name, dtype, n):
     rng = rng_for(name, dtype, n)
@@ -159,15 +137,14 @@ def _binary_inputs(name, dtype, n):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("name", sorted(NEW_BINARY))
-def test_new_binary(ops, name, dtype, n):
-    tf_fn, ref_fn = NEW_BINARY[name]
+@pytest.mark.parametrize("name", sorted(OWN_INPUTS))
+def test_binary_with_own_inputs(ops, name, dtype, n):
+    spec = catalog.for_ir_name(name)
     x, y = _binary_inputs(name, dtype, n)
     (fused,) = run_fused(ops, program_text([f"{dtype}[{n}]"] * 2, [f"{name} in0, in1"], ["%0"]),
                          [x, y], [DTYPES[dtype]])
-    unfused = tf_fn(x, y)
-    with np.errstate(all="ignore"):
-        ref = ref_fn(as_f64(x), as_f64(y))
+    unfused = raw_op(spec.tf_ops[0])(x, y)
+    ref = spec.reference(as_f64(x), as_f64(y))
     assert_float_close(as_f64(fused), as_f64(unfused), ref, dtype, f"{name} {dtype}[{n}]")
 
 
@@ -181,10 +158,9 @@ def test_floormod_sign_of_y(ops):
                                   np.signbit(tf.math.floormod(x, y).numpy()))
 
 
-COMPARISONS = {
-    "Greater": tf.greater, "GreaterEqual": tf.greater_equal, "Less": tf.less,
-    "LessEqual": tf.less_equal, "Equal": tf.equal, "NotEqual": tf.not_equal,
-}
+# The binary ops of the table with a bool result, and TensorFlow's kernel of each.
+COMPARISONS = {s.ir_name: raw_op(s.tf_ops[0]) for s in catalog.OPS
+               if s.arity == 2 and s.result == "bool"}
 
 
 @pytest.mark.parametrize("n", (0, 1, 7, 1023, 100_003))
@@ -198,19 +174,20 @@ def test_comparisons_and_select(ops, dtype, n):
         x = cast(np.round(float_inputs("normal", n, rng, 0)), dtype)
         y = cast(np.round(float_inputs("normal", n, rng, 1)), dtype)
     names = sorted(COMPARISONS)
+    k = len(names)  # the first Select
     lines = [f"{name} in0, in1" for name in names]
-    lines += [f"Select %{names.index('Greater')}, in0, in1", "Select %0, %6, 2",
+    lines += [f"Select %{names.index('Greater')}, in0, in1", f"Select %0, %{k}, 2",
               "Less in0, 1"]
     program = program_text([f"{dtype}[?]"] * 2, lines, [f"%{i}" for i in range(len(lines))])
-    outs = run_fused(ops, program, [x, y], [tf.bool] * 6 + [x.dtype] * 2 + [tf.bool])
+    outs = run_fused(ops, program, [x, y], [tf.bool] * k + [x.dtype] * 2 + [tf.bool])
     for got, name in zip(outs, names):
         np.testing.assert_array_equal(got.numpy(), COMPARISONS[name](x, y).numpy(), err_msg=name)
     sel = tf.where(tf.greater(x, y), x, y)
-    np.testing.assert_array_equal(as_f64(outs[6]), as_f64(sel))
+    np.testing.assert_array_equal(as_f64(outs[k]), as_f64(sel))
     two = tf.constant(2, x.dtype)
-    np.testing.assert_array_equal(as_f64(outs[7]),
+    np.testing.assert_array_equal(as_f64(outs[k + 1]),
                                   as_f64(tf.where(outs[0], sel, tf.fill(tf.shape(x), two))))
-    np.testing.assert_array_equal(outs[8].numpy(), tf.less(x, tf.constant(1, x.dtype)).numpy())
+    np.testing.assert_array_equal(outs[k + 2].numpy(), tf.less(x, tf.constant(1, x.dtype)).numpy())
 
 
 def test_bool_inputs_outputs_and_literals(ops):
@@ -327,7 +304,7 @@ def test_broadcast_large_bias_relu(ops, dtype):
                                             (20, 5000, "f16")])
 def test_bias_read_in_place_gives_the_bits_of_a_full_input(ops, rows, cols, dtype):
     """A bias whose values for a tile are one run somewhere is read in place by every op reading
-    its load, up to the op that reuses the load's register (interpreter.cc, RunStrips): an f32
+    its load, up to the op that reuses the load's register (cc/cpu/strip_run.h, RunStrips): an f32
     row as long as a tile or longer from the tensor itself (ReadsOneRun; rows of 5000 make some
     tiles cross a row, which load the bias as before), a row of up to 4096 values of any float
     type from that row repeated once per call (RepeatedRows). The same program with the bias

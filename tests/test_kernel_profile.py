@@ -158,7 +158,7 @@ BIAS = textwrap.dedent("""
 @pytest.mark.parametrize("width,column,in_place", [(4096, False, True), (100, False, True),
                                                    (4096, True, False)])
 def test_a_bias_row_is_read_in_place(tmp_path, width, column, in_place):
-    """A bias row a tile long or longer is read where it is (interpreter.cc, ReadsOneRun), a
+    """A bias row a tile long or longer is read where it is (cc/cpu/convert.h, ReadsOneRun), a
     short one from its row repeated once per call (RepeatedRows); the profile says so on its
     load's row. A column of 64 values, each repeated along a row, is copied strip by strip."""
     shape = (64, 1) if column else (width,)

@@ -117,12 +117,21 @@ def _cpu_flags() -> str:
 
 
 def _sources() -> list[Path]:
-    return sorted(p for p in SOURCE_DIR.iterdir() if p.suffix in (".cc", ".h"))
+    """The C++ sources: cc/*.cc (each compiled) and every header under cc/ (cc/cpu/ holds the
+    parts of the interpreter's translation unit)."""
+    return sorted(p for p in SOURCE_DIR.rglob("*") if p.suffix in (".cc", ".h"))
 
 
 def _headers() -> list[Path]:
     """Headers from outside cc/ that the sources include (part of the cache key)."""
     return sorted(p for p in HOST_DIR.iterdir() if p.suffix == ".h")
+
+
+def _op_table() -> str:
+    """The generated op table header (rewriter/catalog_cc.py) the sources include."""
+    from .rewriter import catalog_cc
+
+    return catalog_cc.header_text()
 
 
 def _tf_flags() -> tuple[list[str], list[str], str]:
@@ -139,22 +148,27 @@ def build_key(cxx: str, compile_flags: list[str], link_flags: list[str], tf_vers
                  *(["unsanitized: " + " ".join(sorted(_UNSANITIZED_SOURCES))] if sanitize() else [])):
         digest.update(part.encode())
         digest.update(b"\0")
+    digest.update(_op_table().encode())
     for path in _sources() + _headers():
-        digest.update(path.name.encode())
+        digest.update(str(path.relative_to(path.parent.parent)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
 
 
 def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], out: Path) -> None:
     include = sysconfig.get_paths()["include"]
-    sources = [p for p in _sources() if p.suffix == ".cc"]
+    sources = [p for p in _sources() if p.suffix == ".cc" and p.parent == SOURCE_DIR]
     objects = []
     jobs = []
     exclusions = _native_exclusions(cxx)
+    generated = out.parent / "generated"
+    generated.mkdir(exist_ok=True)
+    (generated / "op_table.inc").write_text(_op_table())
     for src in sources:
         obj = out.with_name(src.stem + ".o")
         objects.append(obj)
-        cmd = [cxx, *compile_flags, *_opt_flags(src.name), *exclusions, f"-I{include}", f"-I{HOST_DIR}", "-c",
+        cmd = [cxx, *compile_flags, *_opt_flags(src.name), *exclusions, f"-I{include}",
+               f"-I{HOST_DIR}", f"-I{generated}", "-c",
                str(src), "-o", str(obj)]
         jobs.append((src, cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                                 stderr=subprocess.STDOUT, text=True)))

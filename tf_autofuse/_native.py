@@ -61,7 +61,7 @@ def set_kernel_profile(path: str) -> None:
 
 def set_strip_fusion(on: bool) -> None:
     """AUTOFUSE_DFX_FLAGS=--strip_fusion=false: kernels planned from now on run every step over
-    whole tiles (cc/interpreter.cc, StripRun)."""
+    whole tiles (cc/cpu/schedule.h, StripRun)."""
     load()
     _cdll.autofuse_set_strip_fusion(ctypes.c_int(1 if on else 0))
 

@@ -21,81 +21,12 @@ namespace tf_autofuse {
 namespace {
 
 constexpr OpInfo kOps[] = {
-    {OpCode::kAbs, "Abs", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kNeg, "Neg", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kRelu, "Relu", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kRelu6, "Relu6", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kElu, "Elu", 1, kFloatTypes, ResultKind::kSame, 7},
-    {OpCode::kSelu, "Selu", 1, kFloatTypes, ResultKind::kSame, 7},
-    {OpCode::kExp, "Exp", 1, kFloatTypes, ResultKind::kSame, 2},
-    {OpCode::kExpm1, "Expm1", 1, kFloatTypes, ResultKind::kSame, 8},
-    {OpCode::kLog, "Log", 1, kFloatTypes, ResultKind::kSame, 3},
-    {OpCode::kLog1p, "Log1p", 1, kFloatTypes, ResultKind::kSame, 4},
-    {OpCode::kSqrt, "Sqrt", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kRsqrt, "Rsqrt", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kSquare, "Square", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kReciprocal, "Reciprocal", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kSigmoid, "Sigmoid", 1, kFloatTypes, ResultKind::kSame, 3},
-    {OpCode::kTanh, "Tanh", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kSoftplus, "Softplus", 1, kFloatTypes, ResultKind::kSame, 8},
-    {OpCode::kSoftsign, "Softsign", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kSign, "Sign", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kFloor, "Floor", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kCeil, "Ceil", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kRound, "Round", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kErf, "Erf", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kSin, "Sin", 1, kFloatTypes, ResultKind::kSame, 3},
-    {OpCode::kCos, "Cos", 1, kFloatTypes, ResultKind::kSame, 3},
-    {OpCode::kTan, "Tan", 1, kFloatTypes, ResultKind::kSame, 45},
-    {OpCode::kAtan, "Atan", 1, kFloatTypes, ResultKind::kSame, 26},
-    {OpCode::kSinh, "Sinh", 1, kFloatTypes, ResultKind::kSame, 58},
-    {OpCode::kCosh, "Cosh", 1, kFloatTypes, ResultKind::kSame, 58},
-    {OpCode::kErfc, "Erfc", 1, kFloatTypes, ResultKind::kSame, 4},
-    {OpCode::kLeakyRelu, "LeakyRelu", 1, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kZerosLike, "ZerosLike", 1, kFloatTypes | kI32Type | kBoolType, ResultKind::kSame, 1},
-    {OpCode::kOnesLike, "OnesLike", 1, kFloatTypes | kI32Type | kBoolType, ResultKind::kSame, 1},
-    {OpCode::kLogicalNot, "LogicalNot", 1, kBoolType, ResultKind::kSame, 1},
-    {OpCode::kIsNan, "IsNan", 1, kFloatTypes, ResultKind::kBool, 1},
-    {OpCode::kIsInf, "IsInf", 1, kFloatTypes, ResultKind::kBool, 1},
-    {OpCode::kIsFinite, "IsFinite", 1, kFloatTypes, ResultKind::kBool, 1},
-    {OpCode::kCast, "Cast", 1, kFloatTypes, ResultKind::kCastTo, 1},
-    {OpCode::kAdd, "Add", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kSub, "Sub", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kMul, "Mul", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kDiv, "Div", 2, kFloatTypes, ResultKind::kSame, 1},
-    {OpCode::kPow, "Pow", 2, kFloatTypes, ResultKind::kSame, 19},
-    {OpCode::kFloorDiv, "FloorDiv", 2, kFloatTypes, ResultKind::kSame, 2},
-    {OpCode::kFloorMod, "FloorMod", 2, kFloatTypes, ResultKind::kSame, 3},
-    {OpCode::kMaximum, "Maximum", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kMinimum, "Minimum", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kSquaredDifference, "SquaredDifference", 2, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kLogicalAnd, "LogicalAnd", 2, kBoolType, ResultKind::kSame, 1},
-    {OpCode::kLogicalOr, "LogicalOr", 2, kBoolType, ResultKind::kSame, 1},
-    {OpCode::kGreater, "Greater", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
-    {OpCode::kGreaterEqual, "GreaterEqual", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
-    {OpCode::kLess, "Less", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
-    {OpCode::kLessEqual, "LessEqual", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
-    {OpCode::kEqual, "Equal", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
-    {OpCode::kNotEqual, "NotEqual", 2, kFloatTypes | kI32Type, ResultKind::kBool, 1},
-    {OpCode::kSelect, "Select", 3, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kSum, "Sum", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kMean, "Mean", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kMax, "Max", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kMin, "Min", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
-    {OpCode::kProd, "Prod", 1, kFloatTypes | kI32Type, ResultKind::kSame, 1},
+#define TF_AUTOFUSE_OP_INFO(name, arity, dtypes, result, cost, never_negative, cpu_refusal) \
+  {OpCode::k##name, #name, arity, dtypes, ResultKind::result, cost, never_negative, cpu_refusal},
+    TF_AUTOFUSE_OPS(TF_AUTOFUSE_OP_INFO)
+#undef TF_AUTOFUSE_OP_INFO
 };
-
-// GetOpInfo indexes this table by OpCode.
-constexpr bool TableFollowsOpCodes() {
-  for (int i = 0; i < static_cast<int>(sizeof(kOps) / sizeof(kOps[0])); ++i) {
-    if (static_cast<int>(kOps[i].code) != i) return false;
-  }
-  return true;
-}
-static_assert(TableFollowsOpCodes(), "kOps must list the ops in OpCode order");
-static_assert(sizeof(kOps) / sizeof(kOps[0]) ==
-                  static_cast<int>(OpCode::kProd) + 1,
-              "kOps must list every OpCode");
+static_assert(sizeof(kOps) / sizeof(kOps[0]) == kNumOps, "kOps has a row per OpCode");
 
 struct DTypeSpelling {
   DType dtype;
@@ -364,6 +295,9 @@ class Parser {
     const absl::string_view op_name = rest.substr(0, space);
     if (!LookupOp(op_name, &inst.op)) return Error(absl::StrCat("unknown op '", op_name, "'"));
     const OpInfo& info = GetOpInfo(inst.op);
+    if (info.cpu_refusal != nullptr) {
+      return Error(absl::StrCat(info.name, " has no CPU kernel: ", info.cpu_refusal));
+    }
     rest.remove_prefix(space + 1);
 
     // Operands, separated by ", "; then attributes, separated by " ".

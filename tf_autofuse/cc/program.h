@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "op_table.inc"  // generated from the op table (-I added by _build.py)
 
 namespace tf_autofuse {
 
@@ -33,25 +34,17 @@ const char* DTypeName(DType dtype);
 int DTypeSize(DType dtype);
 inline bool IsFloat(DType dtype) { return dtype != DType::kI32 && dtype != DType::kBool; }
 
+// The ops of the program text, in the order of the op table (tf_autofuse/rewriter/catalog.py),
+// which op_table.inc is generated from when the library is built.
 enum class OpCode : uint8_t {
-  // unary, T -> T
-  kAbs, kNeg, kRelu, kRelu6, kElu, kSelu, kExp, kExpm1, kLog, kLog1p, kSqrt, kRsqrt, kSquare,
-  kReciprocal, kSigmoid, kTanh, kSoftplus, kSoftsign, kSign, kFloor, kCeil, kRound, kErf, kSin,
-  kCos, kTan, kAtan, kSinh, kCosh, kErfc, kLeakyRelu, kZerosLike, kOnesLike, kLogicalNot,
-  // unary, float -> bool
-  kIsNan, kIsInf, kIsFinite,
-  // unary, float -> float of attr `to`
-  kCast,
-  // binary, T, T -> T
-  kAdd, kSub, kMul, kDiv, kPow, kFloorDiv, kFloorMod, kMaximum, kMinimum, kSquaredDifference,
-  kLogicalAnd, kLogicalOr,
-  // binary, T, T -> bool
-  kGreater, kGreaterEqual, kLess, kLessEqual, kEqual, kNotEqual,
-  // ternary, bool, T, T -> T
-  kSelect,
-  // reductions over attr `axes`
-  kSum, kMean, kMax, kMin, kProd,
+#define TF_AUTOFUSE_OPCODE(name, ...) k##name,
+  TF_AUTOFUSE_OPS(TF_AUTOFUSE_OPCODE)
+#undef TF_AUTOFUSE_OPCODE
 };
+
+#define TF_AUTOFUSE_COUNT_OP(...) +1
+constexpr int kNumOps = 0 TF_AUTOFUSE_OPS(TF_AUTOFUSE_COUNT_OP);
+#undef TF_AUTOFUSE_COUNT_OP
 
 // Which dtypes an op's (non-condition) operands may have.
 enum DTypeClass : uint8_t {
@@ -63,22 +56,23 @@ enum DTypeClass : uint8_t {
 // What an op's value is, given its operands' dtype T.
 enum class ResultKind : uint8_t { kSame, kBool, kCastTo };
 
-// One row of the operator table of PROGRAM.md.
+// One row of the operator table of PROGRAM.md (generated from catalog.py, see OpSpec there).
 struct OpInfo {
   OpCode code;
-  const char* name;    // IR spelling, e.g. "SquaredDifference"
-  int arity;           // 1, 2 or 3
-  uint8_t dtypes;      // DTypeClass bits allowed for the operands (Select: its x and y)
+  const char* name;     // IR spelling, e.g. "SquaredDifference"
+  int arity;            // 1, 2 or 3
+  uint8_t dtypes;       // DTypeClass bits allowed for the operands (Select: its x and y)
   ResultKind result;
-  int cost;            // per fp32 element, ~0.3 ns single-threaded on the 2-core EPYC VM (Exp 2,
-                       // Erfc 4, Tan 45), for the thread-pool cost model; kernel.cc also times
-                       // runs, so these only need to be right within ~2x
+  int cost;             // rough CPU cycles per fp32 element, for the thread-pool cost model;
+                        // kernel.cc also times runs, so it only needs to be right within ~2x
+  bool never_negative;  // a float value never below -0 (or NaN), whatever the operands
+  const char* cpu_refusal;  // why the CPU kernel does not run it; null: it does
 };
 
 const OpInfo& GetOpInfo(OpCode op);
 // Looks up an IR op name; false when unknown.
 bool LookupOp(absl::string_view name, OpCode* op);
-inline bool IsReduction(OpCode op) { return op >= OpCode::kSum; }
+inline bool IsReduction(OpCode op) { return op >= OpCode::TF_AUTOFUSE_FIRST_REDUCTION; }
 
 // A reference to an input (inK), an instruction's value (%K) or an immediate literal.
 struct Operand {

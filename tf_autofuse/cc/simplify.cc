@@ -3,25 +3,6 @@
 #include <vector>
 
 namespace tf_autofuse {
-namespace {
-
-// An op whose float value is never below -0 (or is NaN) whatever its operands.
-bool NeverNegative(OpCode op) {
-  switch (op) {
-    case OpCode::kAbs:
-    case OpCode::kRelu:
-    case OpCode::kRelu6:
-    case OpCode::kExp:
-    case OpCode::kSigmoid:
-    case OpCode::kSquare:
-    case OpCode::kErfc:
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
 
 int SimplifyProgram(Program* program) {
   std::vector<Instruction>& insts = program->instructions;
@@ -42,7 +23,7 @@ int SimplifyProgram(Program* program) {
     for (int o = 0; o < inst.num_operands; ++o) inst.operands[o] = remap(inst.operands[o]);
     const Operand& x = inst.operands[0];
     if (inst.op == OpCode::kRelu && IsFloat(inst.dtype) && !is_output[i] &&
-        x.kind == Operand::Kind::kValue && NeverNegative(kept[x.index].op) &&
+        x.kind == Operand::Kind::kValue && GetOpInfo(kept[x.index].op).never_negative &&
         kept[x.index].dtype == inst.dtype) {
       replacement[i] = x;
       continue;

@@ -1,9 +1,9 @@
 // Algebraic simplification of fused programs, before they are planned.
 //
 // One rule so far: a Relu whose operand can never be below -0 is its operand, bit for bit, and
-// is dropped (its readers read the operand). Never below -0 (or NaN) are the values of Abs,
-// Relu, Relu6, Exp, Sigmoid, Square and Erfc in a float type: max(x, 0) then returns x itself
-// for every such x, NaN (with its payload) included, in the kernel's fp32 as in f64. Integer
+// is dropped (its readers read the operand). Never below -0 (or NaN) are the float values of the
+// ops the op table marks never_negative (catalog.py: Abs, Relu, Exp, Square...): max(x, 0) then
+// returns x itself for every such x, NaN (with its payload) included, in fp32 as in f64. Integer
 // values are left alone (Abs and Square of i32 wrap negative). A Relu that is an output of the
 // program stays, so outputs keep one value each. The fused kernel keeps its name (it still
 // replaces the graph's Relu); the kernel profile has no row for the dropped instruction.

@@ -2,8 +2,13 @@
 
 Each entry says what the partitioner needs (TF op types, kind, arity, dtypes), what the
 program text calls it (`ir_name`, see docs/PROGRAM.md), a numpy reference used as the golden
-result in tests (float64 capable), and the Ascend C API it maps to (None: not mapped yet).
-The partitioner and the program printer read this table; no other module names ops.
+result in tests (float64 capable), its cost on a CPU core, and algebraic facts the passes use
+(transcendental, never negative). The partitioner, the cost models and the program printer read
+this table; the C++ kernel's OpCode enum and op table are generated from it when the library is
+built (catalog_cc.py), and the Ascend generator's op map (codegen/opmap.py) is checked against it.
+
+Adding an op: a row here, its kernel body in the CPU interpreter (cc/cpu/ops.h and its entry in
+CpuKernelsOf, or `cpu_refusal` here), and its Ascend C mapping or stated refusal in opmap.py.
 """
 
 from __future__ import annotations
@@ -46,10 +51,21 @@ class OpSpec:
     arity: int
     dtypes: frozenset  # allowed DataType enums of its data operands
     reference: Callable[..., np.ndarray]  # numpy golden implementation (attrs as keywords)
-    ascendc: Optional[str]  # Ascend C API name, None when not mapped yet
     attrs: frozenset = frozenset()  # attr keys the program text gives it (axes=, to=, alpha=)
     result: str = "same"  # the result dtype: "same", "bool", or "to" (the to= attr)
     roles: tuple = ()  # per operand "data" or "bool" (Select's condition); () all data
+    # Rough CPU cycles per fp32 element on one core (the CPU kernel's thread-pool estimate, which
+    # its own timing refines: right within ~2x is enough). f64 transcendentals cost 8x more.
+    cost: int = 1
+    # Evaluates an exp, log, trigonometric or hyperbolic function (or one built on them) per
+    # element: what the cost models count as expensive (cost.py).
+    transcendental: bool = False
+    # Its float value is never below -0 (or is NaN), whatever the operands: a Relu of it is the
+    # value itself (the C++ simplifier drops such a Relu).
+    never_negative: bool = False
+    # Why the CPU kernel does not run it (the partitioner refuses it with this reason); None: the
+    # interpreter has a kernel for it, which the build checks.
+    cpu_refusal: Optional[str] = None
 
     def operand_roles(self) -> tuple:
         return self.roles or ("data",) * self.arity
@@ -84,11 +100,11 @@ def _erfc_ref(x):
     return _erfc(x.astype(np.float64)).astype(x.dtype) if x.size else x.copy()
 
 
-def _spec(tf_ops, ir_name, arity, dtypes, reference, ascendc=None, **more):
+def _spec(tf_ops, ir_name, arity, dtypes, reference, **more):
     if isinstance(tf_ops, str):
         tf_ops = (tf_ops,)
     kind = more.pop("kind", ELEMENTWISE if arity == 1 else BROADCAST)
-    return OpSpec(tuple(tf_ops), ir_name, kind, arity, dtypes, _quiet(reference), ascendc, **more)
+    return OpSpec(tuple(tf_ops), ir_name, kind, arity, dtypes, _quiet(reference), **more)
 
 
 def _floormod(x, y):
@@ -133,51 +149,51 @@ def _mean(x, axes):
 
 
 OPS: tuple[OpSpec, ...] = (
-    _spec("Abs", "Abs", 1, FLOAT_I32, np.abs, "Abs"),
+    _spec("Abs", "Abs", 1, FLOAT_I32, np.abs, never_negative=True),
     _spec("Neg", "Neg", 1, FLOAT_I32, np.negative),
-    _spec("Relu", "Relu", 1, FLOAT_I32, lambda x: np.maximum(x, x.dtype.type(0)), "Relu"),
-    _spec("Relu6", "Relu6", 1, FLOAT_I32, lambda x: np.minimum(np.maximum(x, 0), 6).astype(x.dtype)),
-    _spec("Elu", "Elu", 1, FLOAT, lambda x: np.where(x < 0, np.expm1(x), x)),
-    _spec(
-        "Selu",
-        "Selu",
-        1,
-        FLOAT,
-        lambda x: np.where(x < 0, _SELU_SCALE * _SELU_ALPHA * np.expm1(x), _SELU_SCALE * x).astype(
-            x.dtype
-        ),
-    ),
-    _spec("Exp", "Exp", 1, FLOAT, np.exp, "Exp"),
-    _spec("Expm1", "Expm1", 1, FLOAT, np.expm1),
-    _spec("Log", "Log", 1, FLOAT, np.log, "Ln"),
-    _spec("Log1p", "Log1p", 1, FLOAT, np.log1p),
-    _spec("Sqrt", "Sqrt", 1, FLOAT, np.sqrt, "Sqrt"),
-    _spec("Rsqrt", "Rsqrt", 1, FLOAT, lambda x: 1 / np.sqrt(x), "Rsqrt"),
-    _spec("Square", "Square", 1, FLOAT_I32, lambda x: x * x),
-    _spec(("Reciprocal", "Inv"), "Reciprocal", 1, FLOAT, lambda x: 1 / x, "Reciprocal"),
-    _spec("Sigmoid", "Sigmoid", 1, FLOAT, _sigmoid),
-    _spec("Tanh", "Tanh", 1, FLOAT, np.tanh),
-    _spec("Softplus", "Softplus", 1, FLOAT, lambda x: np.logaddexp(x.dtype.type(0), x)),
+    _spec("Relu", "Relu", 1, FLOAT_I32, lambda x: np.maximum(x, x.dtype.type(0)),
+          never_negative=True),
+    _spec("Relu6", "Relu6", 1, FLOAT_I32,
+          lambda x: np.minimum(np.maximum(x, 0), 6).astype(x.dtype), never_negative=True),
+    _spec("Elu", "Elu", 1, FLOAT, lambda x: np.where(x < 0, np.expm1(x), x),
+          cost=7, transcendental=True),
+    _spec("Selu", "Selu", 1, FLOAT,
+          lambda x: np.where(x < 0, _SELU_SCALE * _SELU_ALPHA * np.expm1(x),
+                             _SELU_SCALE * x).astype(x.dtype),
+          cost=7, transcendental=True),
+    _spec("Exp", "Exp", 1, FLOAT, np.exp, cost=2, transcendental=True, never_negative=True),
+    _spec("Expm1", "Expm1", 1, FLOAT, np.expm1, cost=8, transcendental=True),
+    _spec("Log", "Log", 1, FLOAT, np.log, cost=3, transcendental=True),
+    _spec("Log1p", "Log1p", 1, FLOAT, np.log1p, cost=4, transcendental=True),
+    _spec("Sqrt", "Sqrt", 1, FLOAT, np.sqrt),
+    _spec("Rsqrt", "Rsqrt", 1, FLOAT, lambda x: 1 / np.sqrt(x)),
+    _spec("Square", "Square", 1, FLOAT_I32, lambda x: x * x, never_negative=True),
+    _spec(("Reciprocal", "Inv"), "Reciprocal", 1, FLOAT, lambda x: 1 / x),
+    _spec("Sigmoid", "Sigmoid", 1, FLOAT, _sigmoid,
+          cost=3, transcendental=True, never_negative=True),
+    _spec("Tanh", "Tanh", 1, FLOAT, np.tanh, transcendental=True),
+    _spec("Softplus", "Softplus", 1, FLOAT, lambda x: np.logaddexp(x.dtype.type(0), x),
+          cost=8, transcendental=True),
     _spec("Softsign", "Softsign", 1, FLOAT, lambda x: x / (1 + np.abs(x))),
     _spec("Sign", "Sign", 1, FLOAT_I32, np.sign),
     _spec("Floor", "Floor", 1, FLOAT, np.floor),
     _spec("Ceil", "Ceil", 1, FLOAT, np.ceil),
     _spec("Round", "Round", 1, FLOAT, np.round),  # numpy rounds half to even, as TF does
-    _spec("Erf", "Erf", 1, FLOAT, _erf_ref),
-    _spec("Erfc", "Erfc", 1, FLOAT, _erfc_ref),
-    _spec("Sin", "Sin", 1, FLOAT, np.sin),
-    _spec("Cos", "Cos", 1, FLOAT, np.cos),
-    _spec(("AddV2", "Add"), "Add", 2, FLOAT_I32, np.add, "Add"),
-    _spec("Sub", "Sub", 2, FLOAT_I32, np.subtract, "Sub"),
-    _spec("Mul", "Mul", 2, FLOAT_I32, np.multiply, "Mul"),
-    _spec("RealDiv", "Div", 2, FLOAT, np.divide, "Div"),
-    _spec("Maximum", "Maximum", 2, FLOAT_I32, np.maximum, "Max"),
-    _spec("Minimum", "Minimum", 2, FLOAT_I32, np.minimum, "Min"),
+    _spec("Erf", "Erf", 1, FLOAT, _erf_ref, transcendental=True),
+    _spec("Erfc", "Erfc", 1, FLOAT, _erfc_ref, cost=4, never_negative=True),
+    _spec("Sin", "Sin", 1, FLOAT, np.sin, cost=3, transcendental=True),
+    _spec("Cos", "Cos", 1, FLOAT, np.cos, cost=3, transcendental=True),
+    _spec(("AddV2", "Add"), "Add", 2, FLOAT_I32, np.add),
+    _spec("Sub", "Sub", 2, FLOAT_I32, np.subtract),
+    _spec("Mul", "Mul", 2, FLOAT_I32, np.multiply),
+    _spec("RealDiv", "Div", 2, FLOAT, np.divide),
+    _spec("Maximum", "Maximum", 2, FLOAT_I32, np.maximum),
+    _spec("Minimum", "Minimum", 2, FLOAT_I32, np.minimum),
     _spec("SquaredDifference", "SquaredDifference", 2, FLOAT_I32, lambda x, y: (x - y) * (x - y)),
-    _spec("Tan", "Tan", 1, FLOAT, np.tan),
-    _spec("Atan", "Atan", 1, FLOAT, np.arctan),
-    _spec("Sinh", "Sinh", 1, FLOAT, np.sinh),
-    _spec("Cosh", "Cosh", 1, FLOAT, np.cosh),
+    _spec("Tan", "Tan", 1, FLOAT, np.tan, cost=45, transcendental=True),
+    _spec("Atan", "Atan", 1, FLOAT, np.arctan, cost=26, transcendental=True),
+    _spec("Sinh", "Sinh", 1, FLOAT, np.sinh, cost=58, transcendental=True),
+    _spec("Cosh", "Cosh", 1, FLOAT, np.cosh, cost=58, transcendental=True),
     _spec("IsNan", "IsNan", 1, FLOAT, np.isnan, result="bool"),
     _spec("IsInf", "IsInf", 1, FLOAT, np.isinf, result="bool"),
     _spec("IsFinite", "IsFinite", 1, FLOAT, np.isfinite, result="bool"),
@@ -188,9 +204,9 @@ OPS: tuple[OpSpec, ...] = (
     _spec("LeakyRelu", "LeakyRelu", 1, FLOAT,
           lambda x, alpha: np.where(x < 0, x * x.dtype.type(alpha), x).astype(x.dtype),
           attrs=frozenset({"alpha"})),
-    _spec("Pow", "Pow", 2, FLOAT, np.power),
-    _spec("FloorDiv", "FloorDiv", 2, FLOAT, lambda x, y: np.floor(x / y)),
-    _spec("FloorMod", "FloorMod", 2, FLOAT, _floormod),
+    _spec("Pow", "Pow", 2, FLOAT, np.power, cost=19, transcendental=True),
+    _spec("FloorDiv", "FloorDiv", 2, FLOAT, lambda x, y: np.floor(x / y), cost=2),
+    _spec("FloorMod", "FloorMod", 2, FLOAT, _floormod, cost=3),
     _spec("Greater", "Greater", 2, FLOAT_I32, np.greater, result="bool"),
     _spec("GreaterEqual", "GreaterEqual", 2, FLOAT_I32, np.greater_equal, result="bool"),
     _spec("Less", "Less", 2, FLOAT_I32, np.less, result="bool"),
@@ -424,6 +440,18 @@ def _cast_dtypes(node, n):
     return [node.attr["SrcT"].type if "SrcT" in node.attr else None]
 
 
+def cpu_refusal_reason(spec: OpSpec) -> Optional[str]:
+    """Why an op cannot be fused (the CPU kernel does not run it), or None."""
+    if spec.cpu_refusal is None:
+        return None
+    return f"{spec.ir_name} has no CPU kernel: {spec.cpu_refusal}"
+
+
+def _cpu_refused(spec):
+    reason = cpu_refusal_reason(spec)
+    return lambda node: reason
+
+
 def _direct(op_type, **more):
     spec = for_tf_op(op_type)
     return TfOp(op_type, spec.kind, spec.dtypes, (spec.ir_name,), _emit_plain(spec.ir_name),
@@ -461,6 +489,10 @@ def _build_tf_ops() -> dict:
         table[op_type] = TfOp(op_type, REDUCE, FLOAT_I32, (op_type,), _emit_reduce(op_type))
     for op_type in ("Reshape", "Squeeze", "ExpandDims"):
         table[op_type] = TfOp(op_type, VIEW, ANY, (), None)
+    for op_type, entry in table.items():  # a TF op lowering to an op the CPU kernel refuses
+        refused = [_BY_IR_NAME[ir] for ir in entry.ir_ops if _BY_IR_NAME[ir].cpu_refusal]
+        if refused:
+            table[op_type] = dataclasses.replace(entry, check=_cpu_refused(refused[0]))
     return table
 
 
@@ -617,17 +649,25 @@ def output_shape(node, inputs, shapes, const_of):
 
 # --- cost weights (read by cost.py, the partitioner's cost models) ----------------------------
 
-# Transcendental ops: an exp, log, trigonometric or hyperbolic function (or one built on them)
-# per element. On a CPU core one costs about EXPENSIVE_WEIGHT cheap ops (add, mul, compare...).
-EXPENSIVE_OPS = frozenset({
-    "Exp", "Expm1", "Log", "Log1p", "Sigmoid", "Tanh", "Softplus", "Erf", "Sin", "Cos", "Tan",
-    "Atan", "Sinh", "Cosh", "Elu", "Selu", "Pow"})
+# What one element of a transcendental op costs the rewriter's cost models, in cheap ops (add,
+# mul, compare...) on a CPU core.
 EXPENSIVE_WEIGHT = 8
 
 
+def _ir_weight(ir_name: str) -> int:
+    return EXPENSIVE_WEIGHT if _BY_IR_NAME[ir_name].transcendental else 1
+
+
 def op_weight(op_type: str) -> int:
-    """Rough cost of one element of a TF op type, in cheap ops (1 for add, mul, abs, ...)."""
-    if op_type in EXPENSIVE_OPS:
-        return EXPENSIVE_WEIGHT
+    """Rough cost of one element of a TF op type, in cheap ops: the weights of the IR ops it
+    lowers to (1 for add, mul, abs, ...; EXPENSIVE_WEIGHT for a transcendental)."""
     entry = tf_op(op_type)
-    return max(1, len(entry.ir_ops)) if entry is not None else 1
+    if entry is None or not entry.ir_ops:
+        return 1
+    return sum(_ir_weight(ir) for ir in entry.ir_ops)
+
+
+def is_transcendental(op_type: str) -> bool:
+    """Whether a TF op type evaluates a transcendental function per element (table: OpSpec)."""
+    entry = tf_op(op_type)
+    return entry is not None and any(_BY_IR_NAME[ir].transcendental for ir in entry.ir_ops)

@@ -12,7 +12,7 @@ Every kernel (a fused group, or a TF op left alone) is estimated from static sha
              fused kernel evaluates every op over its whole iteration space (a [C] value used in
              an [N,C] kernel is computed N*C times), except values after a reduction, computed on
              the reduced shape. Unfused TensorFlow evaluates each op on its own output.
-  expensive  the number of element evaluations of transcendental ops (catalog.EXPENSIVE_OPS)
+  expensive  the number of element evaluations of transcendental ops (catalog: OpSpec)
   time       kernels x LAUNCH_NS + bytes x NS_PER_BYTE + work x NS_PER_OP (one CPU core)
 
 An unknown size counts as UNKNOWN_SIZE elements, a tensor of unknown rank as UNKNOWN_ELEMENTS.
@@ -117,7 +117,7 @@ def estimate(view: GraphView, members: Iterable[str], lowered: Lowered) -> Estim
         count = own[m] if m in after_reduce and own[m] < iteration else iteration
         for op in compute_ops(view, m):
             work += catalog.op_weight(op) * count
-            if op in catalog.EXPENSIVE_OPS:
+            if catalog.is_transcendental(op):
                 expensive += count
     return Estimate(total_bytes, work, expensive, 1)
 
@@ -150,7 +150,7 @@ def recompute_refusal(model: str, copies: Iterable[str], view: GraphView, before
                 f"({after.bytes:.0f} bytes with, {before.bytes:.0f} without)")
     if model == "compute_density":
         expensive = sorted({op for c in copies for op in compute_ops(view, c)
-                            if op in catalog.EXPENSIVE_OPS})
+                            if catalog.is_transcendental(op)})
         if expensive:
             return (f"cost model compute_density: recomputing would evaluate "
                     f"{', '.join(expensive)} twice")

@@ -90,6 +90,8 @@ def _refuse_candidate(view: GraphView, name: str, feeds: frozenset,
             if spec is None or spec.arity != 1 or spec.kind != catalog.ELEMENTWISE or \
                     spec.result != "same" or spec.attrs:
                 return f"{op} in op_names is not a supported unary op"
+            if spec.cpu_refusal is not None:
+                return catalog.cpu_refusal_reason(spec)
         if not node.attr["op_names"].list.s:
             return "_UnaryOpsComposition without op_names"
         entry, n_inputs = None, 1
