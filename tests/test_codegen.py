@@ -5,6 +5,7 @@ library, cached by content) and run block by block; results are compared with nu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -125,17 +126,31 @@ def test_every_op_and_dtype_is_generated_or_refused_with_a_reason(op_kernels):
     assert len(generated) >= 140, sorted(refused)
 
 
-def test_every_catalog_op_is_mapped_or_refused_and_the_refused_list_shrank():
+def test_every_catalog_op_is_lowered_or_refused_with_a_reason():
     elementwise = {s.ir_name for s in catalog.OPS if s.kind in (catalog.ELEMENTWISE, catalog.BROADCAST)}
     assert elementwise <= set(opmap.mapped_ops()) | set(opmap.refused_ops())
     reductions = {s.ir_name for s in catalog.OPS if s.kind == catalog.REDUCE}
     assert reductions == set(ascendc.FOLD_OP)  # Prod: a fold reduction (no vector reduce API)
     assert reductions == set(ascendc.REDUCE_API) | {"Prod"}
-    assert set(opmap.refused_ops()) == set()  # issue 6: 21 ops refused before, FloorMod the last
+    assert set(opmap.refused_ops()) == set()  # every catalog op has a lowering today
     for op, reason in opmap.refused_ops().items():
         assert len(reason) > 40, (op, reason)
     for op in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "Select"):
         assert opmap.refusal(op, "int32_t") is None
+    # opmap is the one Ascend table: the APIs it names are the ones its lowering emits
+    assert opmap.apis("Erf") == ("Erf",)
+    assert "Rsqrt" not in opmap.apis("Rsqrt") and "Div" in opmap.apis("Rsqrt")  # a true division
+    assert "ReduceSum" in opmap.apis("Sum")
+
+
+def test_a_catalog_op_without_a_lowering_or_refusal_is_an_import_error(monkeypatch):
+    toy = dataclasses.replace(catalog.for_ir_name("Abs"), ir_name="ToyOp", tf_ops=("ToyOp",))
+    monkeypatch.setattr(catalog, "OPS", catalog.OPS + (toy,))
+    with pytest.raises(ImportError, match="ToyOp.*neither an Ascend C lowering nor a stated refusal"):
+        opmap._check_complete()
+    monkeypatch.setitem(opmap._REFUSED, "ToyOp", "a toy op the vector unit has no instruction for")
+    opmap._check_complete()  # a stated refusal is enough
+    assert opmap.refusal("ToyOp", "float") == "ToyOp: a toy op the vector unit has no instruction for"
 
 
 @pytest.mark.parametrize("spec,dtype", OP_CASES, ids=[f"{s.ir_name}-{d}" for s, d in OP_CASES])
