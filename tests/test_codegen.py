@@ -1714,3 +1714,38 @@ def test_bool_inputs_and_pow_in_the_3_level_broadcast(combined, cores, a, bb, c)
     want_m = c0 & c1
     np.testing.assert_array_equal(m, want_m)
     np.testing.assert_allclose(y, np.where(want_m, x.astype(np.float64) ** 2, x), rtol=1e-6)
+
+
+# ---- no variable named after a type of the bisheng dialect ----------------------------------------
+
+# built-in types of the Ascend C dialect (bisheng): using one as a variable name does not compile
+DIALECT_TYPES = ("half", "bfloat16_t", "int4b_t", "hifloat8_t", "fp8_e4m3fn_t", "fp8_e5m2_t", "fp4x2_e2m1_t")
+_DECLARED = re.compile(r"\b(?:u?int(?:8|16|32|64)_t|float|double|bool|auto|half|bfloat16_t|LocalTensor<\w+>)"
+                       r"\s+(\w+)\s*[=;(\[{]")
+_MORE_DECLARED = re.compile(r",\s*(\w+)\s*=\s*[^=]")  # `int a = 0, b = 1;`
+
+
+def declared_names(source: str) -> set:
+    names = set(_DECLARED.findall(source))
+    for line in source.splitlines():
+        if _DECLARED.search(line) and not line.lstrip().startswith("//"):
+            names.update(_MORE_DECLARED.findall(line.split("(", 1)[0] if "for (" not in line else line))
+    return names
+
+
+def test_no_generated_variable_is_named_after_a_dialect_type():
+    assert "half" in declared_names("      uint32_t len = tileLength, half = 8;")  # the scan sees it
+    programs = [text for table in (REDUCED_ARITHMETIC, COVERAGE, MULTIPASS, FOLDS, COLUMNS, BCAST3, COMBINED, BCAST)
+                for text in (v if isinstance(v, str) else v[0] for v in table.values())]
+    programs += [unary_or_binary(spec.ir_name, spec.arity, dtype) for spec, dtype in OP_CASES]
+    programs += [REDUCE, REDUCE_F16_3D]
+    scanned = 0
+    for k, text in enumerate(programs):
+        kernel = generate(text.replace("{d}", "f16"), f"scan_{k}")
+        if not kernel.ok:
+            continue
+        for name, source in kernel.sources.items():
+            bad = declared_names(source) & set(DIALECT_TYPES)
+            assert not bad, (name, bad)
+        scanned += 1
+    assert scanned > 150

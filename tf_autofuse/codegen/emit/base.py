@@ -10,6 +10,14 @@ An emitter turns a planned ComputePlan (compute.py) into the three sources of a 
 
 The subclasses (flat.py, broadcast.py, reduce.py, column.py) give the schedule's parts: where an
 input is read from, the tile loop, the tiling function and its call.
+
+Queues keep to the framework's limits (docs/ASCEND_C.md, enforced by the twin): each queue position
+(VECIN, VECOUT) has 8 event IDs per event type, and every buffer of a queue holds one from its
+FreeTensor to its next AllocTensor, so a position may have at most 8 buffers; one TPipe manages at
+most 64 buffers. While they fit, every queued input and every output has its own double-buffered
+queue; past 8 buffers in a position, its tiles share one depth-1 queue of two buffers (TQue<pos, 1>
+with two buffers is double buffering), one 32-byte-aligned section per tensor. A kernel that would
+still need more than 64 buffers is refused with the count.
 """
 
 from __future__ import annotations
@@ -19,13 +27,57 @@ from ..compute import ComputePlan, Refused
 from ..kernel import SIZE, STORAGE, Kernel
 
 
+MAX_POSITION_BUFFERS = 8  # buffers per queue position: the event IDs of one type (Atlas A2)
+MAX_PIPE_BUFFERS = 64  # buffers one TPipe manages, queues and TBufs together
+
+
 class Emitter:
     # the Compute function's parameters (the tile loop's variables it reads)
     compute_params = "uint32_t n"
     copy_in_params = "uint64_t off, uint32_t n"
+    reduced_tile = False  # a reduced output's queue section: a tile (column) or 32 bytes (a row's value)
 
     def __init__(self, name: str, plan: ComputePlan):
         self.name, self.plan, self.p = name, plan, plan.p
+        self.queued_in = [k for k in range(len(plan.in_types)) if plan.queued[k]]
+        self.full_out = [k for k in range(len(plan.out_types)) if not plan.out_reduced[k]]
+        self.reduced_out = [k for k in range(len(plan.out_types)) if plan.out_reduced[k]]
+        self.shared_in = tiling.BUFFER_NUM * len(self.queued_in) > MAX_POSITION_BUFFERS
+        self.shared_out = (tiling.BUFFER_NUM * (len(self.full_out) + len(self.reduced_out))
+                           > MAX_POSITION_BUFFERS)
+
+    # ---- sections of the shared queues ---------------------------------------------------------
+    def _prefix(self, ks, types, k) -> int:
+        """Bytes per tile element before tensor k's section."""
+        return sum(SIZE[types[j]] for j in ks[:ks.index(k)])
+
+    def in_view(self, k: int, t: str) -> str:
+        return f"LocalTensor<{t}> x{k} = xs[tileLength * {self._prefix(self.queued_in, self.plan.in_types, k)}].ReinterpretCast<{t}>();"
+
+    def out_view(self, k: int, t: str) -> str:
+        return f"LocalTensor<{t}> y{k} = ys[tileLength * {self._prefix(self.full_out, self.plan.out_types, k)}].ReinterpretCast<{t}>();"
+
+    def reduced_view(self, k: int, t: str) -> str:
+        if self.reduced_tile:
+            at = f"tileLength * {self._prefix(self.reduced_out, self.plan.out_types, k)}"
+        else:
+            at = str(32 * self.reduced_out.index(k))
+        return f"LocalTensor<{t}> r{k} = rowOut[{at}].ReinterpretCast<{t}>();"
+
+    def _bytes(self, ks, types) -> int:
+        return sum(SIZE[types[k]] for k in ks)
+
+    def buffer_count(self) -> int:
+        """Buffers the TPipe manages: every queue's, every TBuf."""
+        plan = self.plan
+        queues = (1 if self.shared_in else len(self.queued_in))
+        if self.shared_out:
+            queues += bool(self.full_out) + bool(self.reduced_out)
+        else:
+            queues += len(self.full_out) + len(self.reduced_out)
+        tbufs = (plan.slots + len(plan.folds) + bool(plan.shared_tmp[0]) + len(plan.reductions)
+                 + self.has_mean + plan.row_bufs)
+        return tiling.BUFFER_NUM * queues + tbufs
 
     # ---- schedule hooks ------------------------------------------------------------------
     def input_global(self, k: int, t: str) -> str:
@@ -36,9 +88,13 @@ class Emitter:
         """Init: the SetGlobalBuffer of a full (not reduced) output k."""
         raise NotImplementedError
 
-    def reduced_output_init(self, k: int, t: str) -> list:
-        """Init lines of a reduced output (reduce schedules only)."""
+    def reduced_output_global(self, k: int, t: str) -> str:
+        """Init: the SetGlobalBuffer of a reduced output (reduce schedules only)."""
         raise Refused("reduced outputs need a reduce schedule")
+
+    def reduced_queue_bytes(self, t: str) -> str:
+        """The bytes of one buffer of a reduced output's own queue."""
+        return "32"
 
     def input_offset(self, k: int) -> str:
         """CopyIn: the GM offset of input k's tile."""
@@ -83,10 +139,23 @@ class Emitter:
 
     def ub_plan(self) -> tiling.UbPlan:
         plan = self.plan
-        buffers = [(f"in{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(plan.in_types)
-                   if plan.queued[k]]
-        buffers += [(f"out{k} queue", SIZE[t], tiling.BUFFER_NUM) for k, t in enumerate(plan.out_types)
-                    if not plan.out_reduced[k] or plan.column]
+        count = self.buffer_count()
+        if count > MAX_PIPE_BUFFERS:
+            raise Refused(f"needs {count} UB buffers (queues and TBufs), one TPipe manages at most "
+                          f"{MAX_PIPE_BUFFERS}")
+        names = lambda ks, what: ", ".join(f"{what}{k}" for k in ks)  # noqa: E731
+        if self.shared_in:
+            buffers = [(f"inputs queue ({names(self.queued_in, 'in')})",
+                        self._bytes(self.queued_in, plan.in_types), tiling.BUFFER_NUM)]
+        else:
+            buffers = [(f"in{k} queue", SIZE[plan.in_types[k]], tiling.BUFFER_NUM) for k in self.queued_in]
+        outs = [k for k in range(len(plan.out_types)) if not plan.out_reduced[k] or plan.column]
+        if self.shared_out:
+            groups = [ks for ks in (self.full_out, self.reduced_out if plan.column else []) if ks]
+            buffers += [(f"outputs queue ({names(ks, 'out')})", self._bytes(ks, plan.out_types),
+                         tiling.BUFFER_NUM) for ks in groups]
+        else:
+            buffers += [(f"out{k} queue", SIZE[plan.out_types[k]], tiling.BUFFER_NUM) for k in outs]
         buffers += [(f"scratch{s}", 4, 1) for s in range(plan.slots)]
         buffers += [(f"fold{a}", 4, 1) for a in plan.folds]
         if plan.shared_tmp[0]:
@@ -112,12 +181,22 @@ class Emitter:
     def members(self, in_types, out_types) -> list:
         plan = self.plan
         members = []
+        if self.shared_in:
+            members.append("  TQue<TPosition::VECIN, 1> inQue;  // the tiles of "
+                           + ", ".join(f"in{k}" for k in self.queued_in) + ", a section each")
         for k, t in enumerate(in_types):
-            if plan.queued[k]:
+            if plan.queued[k] and not self.shared_in:
                 members.append(f"  TQue<TPosition::VECIN, BUFFER_NUM> inQue{k};")
             members.append(f"  GlobalTensor<{t}> in{k}Gm;")
+        if self.shared_out and self.full_out:
+            members.append("  TQue<TPosition::VECOUT, 1> outQue;  // the tiles of "
+                           + ", ".join(f"out{k}" for k in self.full_out) + ", a section each")
+        if self.shared_out and self.reduced_out:
+            members.append("  TQue<TPosition::VECOUT, 1> rowOutQue;  // the reduced values of "
+                           + ", ".join(f"out{k}" for k in self.reduced_out) + ", a section each")
         for k, t in enumerate(out_types):
-            members.append(f"  TQue<TPosition::VECOUT, BUFFER_NUM> outQue{k};")
+            if not self.shared_out:
+                members.append(f"  TQue<TPosition::VECOUT, BUFFER_NUM> outQue{k};")
             members.append(f"  GlobalTensor<{t}> out{k}Gm;")
         members += [f"  TBuf<TPosition::VECCALC> calc{s};" for s in range(plan.slots)]
         members += [f"  TBuf<TPosition::VECCALC> foldBuf{a};  // tile accumulator" for a in plan.folds]
@@ -140,14 +219,27 @@ class Emitter:
         init = []
         for k, t in enumerate(in_types):
             init.append(self.input_global(k, t))
-            if plan.queued[k]:
+            if plan.queued[k] and not self.shared_in:
                 init.append(f"    pipe.InitBuffer(inQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+        if self.shared_in:
+            init.append(f"    pipe.InitBuffer(inQue, BUFFER_NUM, t.tileLength * "
+                        f"{self._bytes(self.queued_in, in_types)});")
         for k, t in enumerate(out_types):
             if plan.out_reduced[k]:
-                init += self.reduced_output_init(k, t)
+                init.append(self.reduced_output_global(k, t))
+                if not self.shared_out:
+                    init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, {self.reduced_queue_bytes(t)});")
                 continue
             init.append(self.output_global(k, t))
-            init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+            if not self.shared_out:
+                init.append(f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));")
+        if self.shared_out and self.full_out:
+            init.append(f"    pipe.InitBuffer(outQue, BUFFER_NUM, t.tileLength * "
+                        f"{self._bytes(self.full_out, out_types)});")
+        if self.shared_out and self.reduced_out:
+            size = (f"t.tileLength * {self._bytes(self.reduced_out, out_types)}" if self.reduced_tile
+                    else str(32 * len(self.reduced_out)))
+            init.append(f"    pipe.InitBuffer(rowOutQue, BUFFER_NUM, {size});")
         init += [f"    pipe.InitBuffer(accBuf{a}, 32);" for a, _ in plan.reductions]
         init += [f"    pipe.InitBuffer(foldBuf{a}, t.tileLength * 4);" for a in plan.folds]
         if self.has_mean:
@@ -159,12 +251,28 @@ class Emitter:
                         f"{plan.shared_tmp[1]});")
         return init
 
+    def copy_ins(self, in_types) -> str:
+        body = "".join(self.copy_in(k, t) for k, t in enumerate(in_types))
+        if not self.shared_in:
+            return body
+        return ("    LocalTensor<uint8_t> xs = inQue.AllocTensor<uint8_t>();\n" + body
+                + "    inQue.EnQue(xs);\n")
+
+    def copy_outs(self, out_types) -> str:
+        body = "".join(self.copy_out(k, t) for k, t in enumerate(out_types))
+        if not (self.shared_out and self.full_out):
+            return body
+        return ("    LocalTensor<uint8_t> ys = outQue.DeQue<uint8_t>();\n" + body
+                + "    outQue.FreeTensor(ys);\n")
+
     def copy_in(self, k: int, t: str) -> str:
         if not self.plan.queued[k]:
             return ""
         off = self.input_offset(k)
-        return f"""\
-    LocalTensor<{t}> x{k} = inQue{k}.AllocTensor<{t}>();
+        take = (f"    {self.in_view(k, t)}\n" if self.shared_in
+                else f"    LocalTensor<{t}> x{k} = inQue{k}.AllocTensor<{t}>();\n")
+        give = "" if self.shared_in else f"    inQue{k}.EnQue(x{k});\n"
+        return take + f"""\
     if ((n * sizeof({t})) % 32 == 0) {{
       DataCopy(x{k}, in{k}Gm[{off}], n);
     }} else {{
@@ -172,22 +280,22 @@ class Emitter:
       DataCopyPadExtParams<{t}> pad{{false, 0, 0, static_cast<{t}>(0)}};
       DataCopyPad(x{k}, in{k}Gm[{off}], copy, pad);
     }}
-    inQue{k}.EnQue(x{k});
-"""
+""" + give
 
     def copy_out(self, k: int, t: str) -> str:
         if self.plan.out_reduced[k]:
             return ""
-        return f"""\
-    LocalTensor<{t}> y{k} = outQue{k}.DeQue<{t}>();
+        take = (f"    {self.out_view(k, t)}\n" if self.shared_out
+                else f"    LocalTensor<{t}> y{k} = outQue{k}.DeQue<{t}>();\n")
+        give = "" if self.shared_out else f"    outQue{k}.FreeTensor(y{k});\n"
+        return take + f"""\
     if ((n * sizeof({t})) % 32 == 0) {{
       DataCopy(out{k}Gm[off], y{k}, n);
     }} else {{
       DataCopyExtParams copy{{1, static_cast<uint32_t>(n * sizeof({t})), 0, 0, 0}};
       DataCopyPad(out{k}Gm[off], y{k}, copy);
     }}
-    outQue{k}.FreeTensor(y{k});
-"""
+""" + give
 
     def accumulator_views(self) -> list:
         plan = self.plan
@@ -201,9 +309,16 @@ class Emitter:
         plan = self.plan
         P = plan.n_passes
         # several passes: the caller DeQues and frees the input tiles (a resident row is read once)
-        lines = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)
-                 if plan.queued[k] and P == 1]
-        if final:
+        if self.shared_in:
+            lines = ["    LocalTensor<uint8_t> xs = inQue.DeQue<uint8_t>();"] if P == 1 else []
+            lines += [f"    {self.in_view(k, in_types[k])}" for k in self.queued_in]
+        else:
+            lines = [f"    LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in enumerate(in_types)
+                     if plan.queued[k] and P == 1]
+        if final and self.shared_out and self.full_out:
+            lines.append("    LocalTensor<uint8_t> ys = outQue.AllocTensor<uint8_t>();")
+            lines += [f"    {self.out_view(k, out_types[k])}" for k in self.full_out]
+        elif final:
             lines += [f"    LocalTensor<{t}> y{k} = outQue{k}.AllocTensor<{t}>();"
                       for k, t in enumerate(out_types) if not plan.out_reduced[k]]
         lines += self.accumulator_views()
@@ -214,9 +329,37 @@ class Emitter:
         if plan.shared_tmp[0]:
             lines.append("    LocalTensor<uint8_t> sharedTmp = sharedTmpBuf.Get<uint8_t>();")
         lines += [f"    {s}" for s in body]
-        if final:
+        if final and self.shared_out and self.full_out:
+            lines.append("    outQue.EnQue(ys);")
+        elif final:
             lines += [f"    outQue{k}.EnQue(y{k});" for k in range(len(out_types)) if not plan.out_reduced[k]]
-        lines += [f"    inQue{k}.FreeTensor(x{k});" for k in range(len(in_types)) if plan.queued[k] and P == 1]
+        if self.shared_in and P == 1:
+            lines.append("    inQue.FreeTensor(xs);")
+        elif P == 1:
+            lines += [f"    inQue{k}.FreeTensor(x{k});" for k in range(len(in_types)) if plan.queued[k]]
+        return lines
+
+    def reduced_writes(self, ks, convert, copy) -> list:
+        """Lines that write reduced outputs ks through their queues: `convert(k, t)` fills r<k>,
+        `copy(k, t)` moves it to GM."""
+        types = self.plan.out_types
+        if not self.shared_out:
+            return [f"""\
+    LocalTensor<{types[k]}> r{k} = outQue{k}.AllocTensor<{types[k]}>();
+    {convert(k, types[k])}
+    outQue{k}.EnQue(r{k});
+    r{k} = outQue{k}.DeQue<{types[k]}>();
+{copy(k, types[k])}
+    outQue{k}.FreeTensor(r{k});""" for k in ks]
+        if not ks:
+            return []
+        lines = ["    LocalTensor<uint8_t> rowOut = rowOutQue.AllocTensor<uint8_t>();"]
+        lines += [f"    {{\n      {self.reduced_view(k, types[k])}\n      {convert(k, types[k])}\n    }}" for k in ks]
+        lines += ["    rowOutQue.EnQue(rowOut);", "    rowOut = rowOutQue.DeQue<uint8_t>();"]
+        lines += [f"    {{\n      {self.reduced_view(k, types[k])}\n"
+                  + copy(k, types[k]).replace("\n    ", "\n      ").replace("    ", "      ", 1) + "\n    }"
+                  for k in ks]
+        lines.append("    rowOutQue.FreeTensor(rowOut);")
         return lines
 
     def kernel_source(self, in_types, out_types, ub) -> str:
@@ -229,7 +372,7 @@ class Emitter:
         members = self.members(in_types, out_types)
         init = self.init(in_types, out_types)
         P = plan.n_passes
-        ctx = _Tiles(in_types, plan)
+        ctx = _Tiles(in_types, plan, self.shared_in)
         cn_line = ("    const int32_t cn = static_cast<int32_t>((n + ALIGN - 1) / ALIGN * ALIGN);"
                    "  // pad lanes are don't-care\n")
         computes = []
@@ -267,9 +410,9 @@ class Kernel {{
 
  private:
   __aicore__ inline void CopyIn({self.copy_in_params}) {{
-{"".join(self.copy_in(k, t) for k, t in enumerate(in_types))}  }}
+{self.copy_ins(in_types)}  }}
 {compute_src}  __aicore__ inline void CopyOut(uint64_t off, uint32_t n) {{
-{"".join(self.copy_out(k, t) for k, t in enumerate(out_types))}  }}
+{self.copy_outs(out_types)}  }}
 {tail}
   TPipe pipe;
 {chr(10).join(members)}
@@ -384,8 +527,13 @@ class _Tiles:
     """The queued input tiles as the multi-pass loops hand them to Compute<q>: parameters,
     arguments, and the DeQue / FreeTensor lines (`{ind}`: the caller's indentation)."""
 
-    def __init__(self, in_types, plan):
+    def __init__(self, in_types, plan, shared: bool):
         queued = [(k, t) for k, t in enumerate(in_types) if plan.queued[k]]
+        if shared:  # one tensor of the shared queue: Compute<q> takes its sections' views
+            self.tile_params, self.tile_args = ", LocalTensor<uint8_t>& xs", ", xs"
+            self.deque = "\n{ind}LocalTensor<uint8_t> xs = inQue.DeQue<uint8_t>();"
+            self.free = "\n{ind}inQue.FreeTensor(xs);"
+            return
         self.tile_params = "".join(f", LocalTensor<{t}>& x{k}" for k, t in queued)
         self.tile_args = "".join(f", x{k}" for k, _ in queued)
         self.deque = "".join(f"\n{{ind}}LocalTensor<{t}> x{k} = inQue{k}.DeQue<{t}>();" for k, t in queued)

@@ -16,9 +16,13 @@ class ColumnEmitter(RowsEmitter):
     has_mid = True
     reduced_extent = "outer * inner"
 
-    def reduced_output_init(self, k, t):
-        return [f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer * t.inner);",
-                f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, t.tileLength * sizeof({t}));"]
+    reduced_tile = True
+
+    def reduced_output_global(self, k, t):
+        return f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer * t.inner);"
+
+    def reduced_queue_bytes(self, t):
+        return f"t.tileLength * sizeof({t})"
 
     def process(self, ctx):
         return """\
@@ -56,26 +60,24 @@ class ColumnEmitter(RowsEmitter):
         for a, op in plan.reductions:
             if op == "Mean":  # float only (i32 Mean is refused): one rounding more than a division
                 lines += [f"    Muls(f{a}, f{a}, 1.0f / static_cast<float>(mid), cn);", "    PipeBarrier<PIPE_V>();"]
-        for k, t in enumerate(plan.out_types):
-            if not plan.out_reduced[k]:
-                continue
+
+        def convert(k, t):
             a = plan.acc_of[self.p.outputs[k].ref.index]
             at = plan.acc_type(a)
-            convert = (f"Muls(r{k}, f{a}, 1.0f, cn);" if t == at == "float"
-                       else f"Adds(r{k}, f{a}, static_cast<int32_t>(0), cn);" if t == at
-                       else f"Cast(r{k}, f{a}, RoundMode::CAST_RINT, cn);")
-            lines.append(f"""\
-    LocalTensor<{t}> r{k} = outQue{k}.AllocTensor<{t}>();
-    {convert}
-    outQue{k}.EnQue(r{k});
-    r{k} = outQue{k}.DeQue<{t}>();
+            return (f"Muls(r{k}, f{a}, 1.0f, cn);" if t == at == "float"
+                    else f"Adds(r{k}, f{a}, static_cast<int32_t>(0), cn);" if t == at
+                    else f"Cast(r{k}, f{a}, RoundMode::CAST_RINT, cn);")
+
+        def copy(k, t):
+            return f"""\
     if ((n * sizeof({t})) % 32 == 0) {{
       DataCopy(out{k}Gm[ro], r{k}, n);
     }} else {{
       DataCopyExtParams copy{k}{{1, static_cast<uint32_t>(n * sizeof({t})), 0, 0, 0}};
       DataCopyPad(out{k}Gm[ro], r{k}, copy{k});
-    }}
-    outQue{k}.FreeTensor(r{k});""")
+    }}"""
+
+        lines += self.reduced_writes(self.reduced_out, convert, copy)
         return ("  // The item's mid axis is done: finish Mean, write each reduced output's chunk at ro.\n"
                 "  __aicore__ inline void ItemEnd(uint64_t ro, uint32_t n) {\n" + "\n".join(lines) + "\n  }\n")
 

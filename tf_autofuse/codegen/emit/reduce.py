@@ -17,9 +17,8 @@ from .broadcast import ROWS_PROCESS, RowsEmitter
 class ReduceEmitter(RowsEmitter):
     compute_params = "uint64_t o, uint64_t j, uint32_t n"
 
-    def reduced_output_init(self, k, t):
-        return [f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer);",
-                f"    pipe.InitBuffer(outQue{k}, BUFFER_NUM, 32);"]
+    def reduced_output_global(self, k, t):
+        return f"    out{k}Gm.SetGlobalBuffer((__gm__ {t}*)out{k}, t.outer);"
 
     def process(self, ctx):
         P = self.plan.n_passes
@@ -81,14 +80,14 @@ class ReduceEmitter(RowsEmitter):
                     if inst.op == "Mean" else "")
             lines.append(f"""\
     {{  // finish %{plan.acc_inst(a)} = {inst.op}: halve the tile accumulator to 8 lanes, fold those on the scalar unit
-      uint32_t len = tileLength, half = 8;
-      while (half * 2 <= len) half *= 2;
-      if (len > half) {{
-        {opmap.FOLD_OP[inst.op]}(f{a}, f{a}, f{a}[half], static_cast<int32_t>(len - half));
+      uint32_t len = tileLength, span = 8;
+      while (span * 2 <= len) span *= 2;
+      if (len > span) {{
+        {opmap.FOLD_OP[inst.op]}(f{a}, f{a}, f{a}[span], static_cast<int32_t>(len - span));
         PipeBarrier<PIPE_V>();
       }}
-      for (half /= 2; half >= 8; half /= 2) {{
-        {opmap.FOLD_OP[inst.op]}(f{a}, f{a}, f{a}[half], static_cast<int32_t>(half));
+      for (span /= 2; span >= 8; span /= 2) {{
+        {opmap.FOLD_OP[inst.op]}(f{a}, f{a}, f{a}[span], static_cast<int32_t>(span));
         PipeBarrier<PIPE_V>();
       }}
       SetFlag<HardEvent::V_S>(EVENT_ID0);
@@ -117,21 +116,19 @@ class ReduceEmitter(RowsEmitter):
         if scalars:  # the vector results, read by the scalar unit: V -> S synchronisation
             lines += ["    SetFlag<HardEvent::V_S>(EVENT_ID0);", "    WaitFlag<HardEvent::V_S>(EVENT_ID0);"]
             lines += [f"    rs{k} = {plan.reduced_value(k)}.GetValue(0);" for k in scalars]
-        for k, t in enumerate(plan.out_types):
-            if not plan.out_reduced[k] or not final:
-                continue
+
+        def convert(k, t):
             value = plan.reduced_value(self.p.outputs[k].ref.index)
-            convert = (f"Muls(r{k}, {value}, 1.0f, 8);" if t == "float"
-                       else f"Adds(r{k}, {value}, static_cast<int32_t>(0), 8);" if t == "int32_t"
-                       else f"Cast(r{k}, {value}, RoundMode::CAST_RINT, 8);")
-            lines.append(f"""\
-    LocalTensor<{t}> r{k} = outQue{k}.AllocTensor<{t}>();
-    {convert}
-    outQue{k}.EnQue(r{k});
-    r{k} = outQue{k}.DeQue<{t}>();
-    DataCopyExtParams copy{k}{{1, static_cast<uint32_t>(sizeof({t})), 0, 0, 0}};
-    DataCopyPad(out{k}Gm[o], r{k}, copy{k});
-    outQue{k}.FreeTensor(r{k});""")
+            return (f"Muls(r{k}, {value}, 1.0f, 8);" if t == "float"
+                    else f"Adds(r{k}, {value}, static_cast<int32_t>(0), 8);" if t == "int32_t"
+                    else f"Cast(r{k}, {value}, RoundMode::CAST_RINT, 8);")
+
+        def copy(k, t):
+            return (f"    DataCopyExtParams copy{k}{{1, static_cast<uint32_t>(sizeof({t})), 0, 0, 0}};\n"
+                    f"    DataCopyPad(out{k}Gm[o], r{k}, copy{k});")
+
+        if final:
+            lines += self.reduced_writes(self.reduced_out, convert, copy)
         name = "RowEnd" if P == 1 else f"RowEnd{q}"
         what = ("finish Mean, compute on the reduced values, write each reduced output's element"
                 if P == 1 else
