@@ -576,14 +576,18 @@ def test_unmappable_group_is_not_built(tmp_path):
     assert cann.prepare("in0: f64[?]\nin1: f64[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "floormod_only", env) is None
 
 
-def test_attach_npu_libraries_without_cann_changes_nothing(tmp_path):
-    from tensorflow.core.framework import graph_pb2
-    g = graph_pb2.GraphDef()
-    node = g.node.add(name="autofuse_pointwise_0_Abs", op="AutofuseKernel")
-    node.attr["program"].s = CHAIN.encode()
-    assert cann.attach_npu_libraries(g, {"ASCEND_HOME_PATH": str(tmp_path), "PATH": ""}) == 0
-    assert cann.NPU_LIBRARY_ATTR not in g.node[0].attr
+def test_without_cann_no_resolver_is_registered_and_the_cpu_path_runs(tmp_path):
+    class FakeLibrary:  # the op library's registration entry point
+        def __init__(self):
+            self.calls = []
 
+        def autofuse_set_npu_resolver(self, fn):
+            self.calls.append(fn)
+
+    lib = FakeLibrary()
+    no_cann = {"ASCEND_HOME_PATH": str(tmp_path), "PATH": ""}
+    assert cann.install_resolver(lib, no_cann) is False and lib.calls == [None]
+    assert cann.prepare(CHAIN, "autofuse_pointwise_0_Abs", no_cann, blacklist=()) is None
 
 def test_cmake_build_plan_names_the_toolchain(tmp_path):
     env = fake_cann(tmp_path / "ascend")

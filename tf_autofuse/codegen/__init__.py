@@ -11,8 +11,8 @@
     ascendc.py  generate(program, name) -> Kernel: schedule, compute plan, emitter
     build.py    compile-and-cache
     twin.py     the CPU twin (twin/kernel_operator.h) and the stand-in ACL runtime (twin/acl_stub.cpp)
-    cann.py     CANN detection, the toolchain build, and the NPU dispatch decision (the bridge's
-                attach_npu_libraries stamps the library on fused nodes for cc/kernel.cc)
+    cann.py     CANN detection, the toolchain build, and the resolver each AutofuseKernel asks for
+                the library of its own program when it is constructed (cc/kernel.cc)
     host/       the launch ABI (autofuse_launch.h) and npu_dispatch.h, included by cc/kernel.cc
     dump.py     the debug dump (--codegen_compile_debug) and the offline CLI
 """

@@ -7,20 +7,27 @@
     prepare(...)       program -> library path, or None: the CPU path. Without CANN one info line
                        says so; a kernel that cannot be generated stays on the CPU (debug log line
                        with the reason); a build error is one warning. Remembered per process
-    attach_npu_libraries(graph_def, blacklist=...)
-                       the bridge hook (_bridge.optimize, after a rewrite): stamps
-                       `_autofuse_npu_library` on every AutofuseKernel node whose kernel built, for
-                       the C++ op kernel (cc/kernel.cc, host/npu_dispatch.h) to load. Never raises
+    install_resolver() registers `resolve` with the C++ op kernel (cc/kernel.cc,
+                       host/npu_dispatch.h) when a toolchain is found: each AutofuseKernel, when it
+                       is constructed, asks it for the library of its own program. No library path
+                       is ever read from a graph; the build never runs inside Grappler's pass
+    note_fused_graph(graph_def, blacklist)
+                       the bridge hook (after a rewrite): the session's
+                       --autofuse_enhance_precision_blacklist as op names on the fused nodes, and,
+                       without CANN, one info line per process saying the kernels run on the CPU
     set_backend_for_tests(backend)
                        TEST ONLY: twin.StandinBackend stands in for CANN (kernels built for the CPU
                        twin, linked against the stand-in libascendcl.so), so the whole path runs in CI
 
-The real-hardware path is untested here (no CANN on these machines); the stand-in runtime in
-twin/ exercises the launcher and its argument passing in CI.
+A library is found by the hash of the program's generated sources, the toolchain and the build
+commands, under $TF_AUTOFUSE_CACHE_DIR/npu/<key>/; `python -m tf_autofuse codegen` builds the same
+entries ahead of time. The real-hardware path is untested here (no CANN on these machines); the
+stand-in runtime in twin/ exercises the launcher and its argument passing in CI.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import os
@@ -34,7 +41,7 @@ from . import build as _build
 from .ascendc import Kernel, generate, precision_blacklist
 
 LOG = logging.getLogger("tf_autofuse")
-NPU_LIBRARY_ATTR = "_autofuse_npu_library"
+BLACKLIST_ATTR = "_autofuse_precision_blacklist"  # IR op names, comma-separated
 DEFAULT_HOME = "/usr/local/Ascend/ascend-toolkit/latest"
 ARCH_ENV = "AUTOFUSE_NPU_ARCH"  # --npu-arch, default dav-2201 (Atlas A2)
 _BISHENG = ("compiler/ccec_compiler/bin/bisheng", "ccec_compiler/bin/bisheng",
@@ -139,6 +146,7 @@ def set_backend_for_tests(backend) -> None:
     with _lock:
         _backend = backend
         _libraries.clear()
+    install_resolver()
 
 
 def _detect(environ):
@@ -191,31 +199,94 @@ def prepare(program: str, name: str, environ=None, blacklist=None) -> Optional[P
     return _library(program, name, found, frozenset(blacklist))
 
 
-def attach_npu_libraries(graph_def, environ=None, blacklist=None) -> int:
-    """Stamp NPU_LIBRARY_ATTR on each AutofuseKernel node whose kernel built; returns how many.
-
-    The bridge calls it after every successful rewrite. It never raises (a failure is one
-    warning, and the kernels it did not stamp run on the CPU) and, without CANN, it costs a
-    few stat calls and says so in one info line per process."""
+def note_fused_graph(graph_def, blacklist, environ=None) -> int:
+    """Put the session's precision blacklist (IR op names) on every AutofuseKernel node, for the
+    NPU build at kernel construction (nothing when it is empty); without a toolchain, say once
+    that fused kernels run on the CPU. Returns the nodes stamped; never raises, builds nothing."""
     count = 0
     try:
-        nodes = [n for n in graph_def.node if n.op == "AutofuseKernel" and "program" in n.attr]
-        if not nodes:
-            return 0
-        found, why = _detect(environ)
-        if found is None:
+        nodes = [n for n in graph_def.node if n.op == "AutofuseKernel"]
+        found, why = _detect(environ) if nodes else (None, "")
+        if nodes and found is None:
             _say_no_cann(why)
-            return 0
-        blacklist = frozenset(precision_blacklist(environ) if blacklist is None else blacklist)
-        for node in nodes:
-            path = _library(node.attr["program"].s.decode(), node.name, found, blacklist)
-            if path is not None:
-                node.attr[NPU_LIBRARY_ATTR].s = str(path).encode()
-                count += 1
+        text = ",".join(sorted(blacklist)).encode()
+        for node in nodes if blacklist else ():
+            node.attr[BLACKLIST_ATTR].s = text
+            count += 1
     except Exception as err:  # noqa: BLE001 - never break the pass: the CPU kernel runs
-        warn_once(f"NPU kernels were not attached, fused kernels run on the CPU: "
-                  f"{type(err).__name__}: {err}")
+        warn_once(f"fused kernels run on the CPU: {type(err).__name__}: {err}")
     return count
+
+
+_resolved: dict = {}  # node name -> the library the resolver gave it (or None), this process
+
+
+def _blacklist_of(text: str) -> frozenset:
+    """The op names of a blacklist attr; names that are no catalog op are dropped."""
+    from ..rewriter import catalog
+
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    return frozenset(n for n in names if catalog.for_ir_name(n) is not None)
+
+
+def resolve(program: str, node: str, blacklist: str = "") -> Optional[Path]:
+    """The NPU library of a fused program (generated and built, or found in the cache), or None:
+    the CPU path. Called by the op kernel at construction through the registered resolver; never
+    raises (a failure is one warning)."""
+    try:
+        path = prepare(program, node, blacklist=_blacklist_of(blacklist))
+    except Exception as err:  # noqa: BLE001 - a kernel must construct: the CPU path runs
+        warn_once(f"{node}: no NPU kernel, the CPU kernel runs: {type(err).__name__}: {err}")
+        path = None
+    with _lock:
+        if len(_resolved) > 4096:
+            _resolved.clear()
+        _resolved[node] = path
+    return path
+
+
+def resolved_libraries(clear: bool = False) -> dict:
+    """{node name: library path or None} of the kernels constructed in this process (since the
+    last call with clear=True)."""
+    with _lock:
+        out = {name: (str(path) if path else None) for name, path in _resolved.items()}
+        if clear:
+            _resolved.clear()
+        return out
+
+
+_RESOLVER_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                  ctypes.c_void_p, ctypes.c_int)
+
+
+def _resolver(program, node, blacklist, out, out_len) -> int:
+    try:
+        path = resolve(program.decode(), node.decode(), (blacklist or b"").decode())
+        data = str(path).encode() if path else b""
+        if not data or len(data) >= out_len:
+            return 0
+        ctypes.memmove(out, data + b"\0", len(data) + 1)
+        return 1
+    except Exception:  # noqa: BLE001 - never unwind into the C++ caller
+        return 0
+
+
+_resolver_fn = _RESOLVER_TYPE(_resolver)  # kept alive for the life of the process
+
+
+def install_resolver(cdll=None, environ=None) -> bool:
+    """Register `resolve` with the loaded op library when a toolchain is found (or a test backend
+    is set), else unregister it; True when registered. `cdll`: the op library (ctypes), default
+    the one tf_autofuse loaded (nothing when it is not loaded yet)."""
+    if cdll is None:
+        from .. import _native
+
+        cdll = _native.loaded_cdll()
+        if cdll is None:
+            return False
+    found, _ = _detect(environ)
+    cdll.autofuse_set_npu_resolver(_resolver_fn if found is not None else None)
+    return found is not None
 
 
 def reset_for_tests() -> None:
@@ -224,3 +295,4 @@ def reset_for_tests() -> None:
         _said_no_cann = False
         _failed.clear()
         _libraries.clear()
+        _resolved.clear()
