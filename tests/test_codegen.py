@@ -529,6 +529,7 @@ def fake_cann(root: Path, cmake_exit: int = 1) -> dict:
     (root / "compiler/ccec_compiler/bin/bisheng").write_text("#!/bin/sh\nexit 1\n")
     (root / "lib64").mkdir()
     (root / "lib64/libascendcl.so").write_bytes(b"")
+    (root / "compiler/version.info").write_text("Version=9.0.0\n")
     tools = root / "tools"
     tools.mkdir()
     (tools / "cmake").write_text(f"#!/bin/sh\necho fake cmake: no ASC here\nexit {cmake_exit}\n")
@@ -542,6 +543,7 @@ def test_detect_finds_cann_from_the_environment(tmp_path):
     assert found and why == ""
     assert found.bisheng.name == "bisheng" and found.libascendcl.name == "libascendcl.so"
     assert found.cmake == str(tmp_path / "ascend/tools/cmake")
+    assert (found.version, found.route) == ("9.0.0", 9)
     toolkit = {"ASCEND_TOOLKIT_HOME": env["ASCEND_HOME_PATH"], "PATH": env["PATH"]}
     assert cann.detect(toolkit)[0].home == found.home
     missing, why = cann.detect({"ASCEND_HOME_PATH": str(tmp_path / "nowhere"), "PATH": ""})
@@ -598,7 +600,7 @@ def test_cmake_build_plan_names_the_toolchain(tmp_path):
     assert "find_package(ASC REQUIRED" in files["CMakeLists.txt"]
     assert "--npu-arch=dav-2201" in files["CMakeLists.txt"]
     assert "AUTOFUSE_SINGLE_KERNEL" in files["CMakeLists.txt"]
-    assert commands[0][0] == found.cmake
+    assert commands[0][:3] == ["env", f"ASCEND_HOME_PATH={found.home}", found.cmake]
 
 
 # ---- debug dump and the offline CLI ----------------------------------------------------------
@@ -1737,17 +1739,20 @@ def declared_names(source: str) -> set:
     return names
 
 
-def test_no_generated_variable_is_named_after_a_dialect_type():
-    assert "half" in declared_names("      uint32_t len = tileLength, half = 8;")  # the scan sees it
+def suite_kernels(prefix: str) -> list:
+    """The generated kernels of this suite's programs (every op and dtype, every schedule)."""
     programs = [text for table in (REDUCED_ARITHMETIC, COVERAGE, MULTIPASS, FOLDS, COLUMNS, BCAST3, COMBINED, BCAST)
                 for text in (v if isinstance(v, str) else v[0] for v in table.values())]
     programs += [unary_or_binary(spec.ir_name, spec.arity, dtype) for spec, dtype in OP_CASES]
-    programs += [REDUCE, REDUCE_F16_3D]
+    programs += [REDUCE, REDUCE_F16_3D, CHAIN]
+    kernels = [generate(text.replace("{d}", "f16"), f"{prefix}_{k}") for k, text in enumerate(programs)]
+    return [k for k in kernels if k.ok]
+
+
+def test_no_generated_variable_is_named_after_a_dialect_type():
+    assert "half" in declared_names("      uint32_t len = tileLength, half = 8;")  # the scan sees it
     scanned = 0
-    for k, text in enumerate(programs):
-        kernel = generate(text.replace("{d}", "f16"), f"scan_{k}")
-        if not kernel.ok:
-            continue
+    for kernel in suite_kernels("scan"):
         for name, source in kernel.sources.items():
             bad = declared_names(source) & set(DIALECT_TYPES)
             assert not bad, (name, bad)
