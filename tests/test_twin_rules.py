@@ -75,56 +75,31 @@ static void {name}() {{
 """
 
 
+def _on_tbufs(name, buffers, op):
+    """A kernel on TBufs: buffers = [(tensor, C type, bytes)]; the first is filled with 0.5, then
+    (after a barrier) `op` runs."""
+    decl = "".join(f"  TBuf<TPosition::VECCALC> {v}Buf;\n  pipe.InitBuffer({v}Buf, {size});\n"
+                   f"  LocalTensor<{ctype}> {v} = {v}Buf.Get<{ctype}>();\n" for v, ctype, size in buffers)
+    first, ctype = buffers[0][0], buffers[0][1]
+    return (f"static void {name}() {{\n  TPipe pipe;\n{decl}"
+            f"  Duplicate({first}, static_cast<{ctype}>(0.5f), 128);\n  PipeBarrier<PIPE_V>();\n  {op}\n}}\n")
+
+
 def _cast_bf16(name, mode):
-    return f"""\
-static void {name}() {{
-  TPipe pipe;
-  TBuf<TPosition::VECCALC> a, b;
-  pipe.InitBuffer(a, 512);
-  pipe.InitBuffer(b, 256);
-  LocalTensor<float> x = a.Get<float>();
-  LocalTensor<bfloat16_t> y = b.Get<bfloat16_t>();
-  Duplicate(x, 1.5f, 128);
-  PipeBarrier<PIPE_V>();
-  Cast(y, x, RoundMode::{mode}, 128);
-}}
-"""
+    return _on_tbufs(name, [("x", "float", 512), ("y", "bfloat16_t", 256)], f"Cast(y, x, RoundMode::{mode}, 128);")
 
 
 def _advanced(name, api, ctype, factor):
     # `factor` times the operand bytes of temp buffer for 128 elements
     size = {"float": 4, "half": 2}[ctype]
-    return f"""\
-static void {name}() {{
-  TPipe pipe;
-  TBuf<TPosition::VECCALC> a, b, tmp;
-  pipe.InitBuffer(a, 128 * {size});
-  pipe.InitBuffer(b, 128 * {size});
-  pipe.InitBuffer(tmp, {factor} * 128 * {size});
-  LocalTensor<{ctype}> x = a.Get<{ctype}>(), y = b.Get<{ctype}>();
-  LocalTensor<uint8_t> t = tmp.Get<uint8_t>();
-  Duplicate(x, static_cast<{ctype}>(0.5f), 128);
-  PipeBarrier<PIPE_V>();
-  {api}(y, x, t, 128);
-}}
-"""
+    return _on_tbufs(name, [("x", ctype, 128 * size), ("y", ctype, 128 * size), ("t", "uint8_t", factor * 128 * size)],
+                     f"{api}(y, x, t, 128);")
 
 
 def _aligned(name, offset):
     # Add on views starting `offset` floats into their buffers
-    return f"""\
-static void {name}() {{
-  TPipe pipe;
-  TBuf<TPosition::VECCALC> a, b;
-  pipe.InitBuffer(a, 1024);
-  pipe.InitBuffer(b, 1024);
-  LocalTensor<float> x = a.Get<float>(), y = b.Get<float>();
-  Duplicate(x, 1.0f, 256);
-  PipeBarrier<PIPE_V>();
-  LocalTensor<float> xv = x[{offset}], yv = y[{offset}];
-  Add(yv, xv, xv, 64);
-}}
-"""
+    return _on_tbufs(name, [("x", "float", 1024), ("y", "float", 1024)],
+                     f"LocalTensor<float> xv = x[{offset}], yv = y[{offset}];\n  Add(yv, xv, xv, 64);")
 
 
 # (kernel, the twin's error or None when the kernel keeps the rule)

@@ -166,40 +166,8 @@ class ComputePlan:
     def _emit(self, k, inst, loc, direct, last_use, output_refs):
         """Compute statements of %k for one tile (the current pass)."""
         ctype = STORAGE[inst.operand_dtype]
-        if self.column and inst.op in ir.REDUCTIONS:  # element-wise over the mid axis (j: its index)
-            acc = self.acc_of[k]
-            src, _ = self._operand(inst.operands[0], loc)
-            first = (f"Muls(f{acc}, {src}, 1.0f, cn);" if ctype == "float"
-                     else f"Adds(f{acc}, {src}, static_cast<int32_t>(0), cn);")
-            self._vec(f"if (j == 0) {{ {first} }} else {{ {opmap.FOLD_OP[inst.op]}(f{acc}, f{acc}, {src}, cn); }}")
-            loc[ir.Ref("%", k)] = (f"f{acc}", ctype, None)
-            o = inst.operands[0]
-            if last_use.get(o) == k and o not in output_refs:
-                self._drop(o, loc)
-            return
-        if opmap.is_fold(inst):  # element-wise into the tile accumulator (identity lanes past the row)
-            acc = self.acc_of[k]
-            src, _ = self._operand(inst.operands[0], loc)
-            self._vec(f"if (j == 0) {{ Duplicate(f{acc}, {opmap.FOLD_IDENTITY[(inst.op, ctype)]}, "
-                      "static_cast<int32_t>(tileLength)); PipeBarrier<PIPE_V>(); }")
-            self._vec(f"{opmap.FOLD_OP[inst.op]}(f{acc}, f{acc}, {src}, static_cast<int32_t>(n));")
-            loc[ir.Ref("%", k)] = (f"acc{acc}", ctype, None)
-            o = inst.operands[0]
-            if last_use.get(o) == k and o not in output_refs:
-                self._drop(o, loc)
-            return
-        if inst.op in opmap.REDUCE_API:  # this tile's part of the row, folded into the accumulator
-            acc = self.acc_of[k]
-            src, _ = self._operand(inst.operands[0], loc)
-            part, tmp = self._alloc(), self._alloc()
-            pv, tv = self._view(part, "float"), self._view(tmp, "float")
-            self._vec(f"{opmap.REDUCE_API[inst.op]}({pv}, {src}, {tv}, static_cast<int32_t>(n));")
-            self._vec(f"if (j == 0) {{ Muls(acc{acc}, {pv}, 1.0f, 1); }} "
-                      f"else {{ {opmap.ACCUMULATE[inst.op]}(acc{acc}, acc{acc}, {pv}, 1); }}")
-            self._release(part)
-            self._release(tmp)
-            ref = ir.Ref("%", k)
-            loc[ref] = (f"acc{acc}", "float", None)
+        if inst.op in ir.REDUCTIONS:
+            self._reduce(k, inst, ctype, loc)
             o = inst.operands[0]
             if last_use.get(o) == k and o not in output_refs:
                 self._drop(o, loc)
@@ -268,6 +236,30 @@ class ComputePlan:
         for o in set(x for x in inst.operands if isinstance(x, ir.Ref)):
             if last_use.get(o) == k and o not in output_refs:
                 self._drop(o, loc)
+
+    def _reduce(self, k, inst, ctype, loc):
+        """This tile's part of reduction %k, into its accumulator."""
+        acc = self.acc_of[k]
+        src, _ = self._operand(inst.operands[0], loc)
+        if self.column:  # element-wise over the mid axis (j: its index)
+            first = (f"Muls(f{acc}, {src}, 1.0f, cn);" if ctype == "float"
+                     else f"Adds(f{acc}, {src}, static_cast<int32_t>(0), cn);")
+            self._vec(f"if (j == 0) {{ {first} }} else {{ {opmap.FOLD_OP[inst.op]}(f{acc}, f{acc}, {src}, cn); }}")
+            loc[ir.Ref("%", k)] = (f"f{acc}", ctype, None)
+        elif opmap.is_fold(inst):  # element-wise into the tile accumulator (identity lanes past the row)
+            self._vec(f"if (j == 0) {{ Duplicate(f{acc}, {opmap.FOLD_IDENTITY[(inst.op, ctype)]}, "
+                      "static_cast<int32_t>(tileLength)); PipeBarrier<PIPE_V>(); }")
+            self._vec(f"{opmap.FOLD_OP[inst.op]}(f{acc}, f{acc}, {src}, static_cast<int32_t>(n));")
+            loc[ir.Ref("%", k)] = (f"acc{acc}", ctype, None)
+        else:  # a vector reduce of the tile, folded into the row accumulator
+            part, tmp = self._alloc(), self._alloc()
+            pv, tv = self._view(part, "float"), self._view(tmp, "float")
+            self._vec(f"{opmap.REDUCE_API[inst.op]}({pv}, {src}, {tv}, static_cast<int32_t>(n));")
+            self._vec(f"if (j == 0) {{ Muls(acc{acc}, {pv}, 1.0f, 1); }} "
+                      f"else {{ {opmap.ACCUMULATE[inst.op]}(acc{acc}, acc{acc}, {pv}, 1); }}")
+            self._release(part)
+            self._release(tmp)
+            loc[ir.Ref("%", k)] = (f"acc{acc}", "float", None)
 
     def _write_outputs(self, loc, direct, output_refs, out_types, out_reduced):
         p = self.p

@@ -146,22 +146,29 @@ def _column_split(program: ir.Program, axes, rank: int):
     return (axes[0], axes[-1] + 1), ("full",) * len(program.inputs), ""
 
 
+_PATTERN = {(True, True): "full", (False, True): "row", (True, False): "col", (False, False): "scalar"}
+
+
+def _side(view, padded, axes):
+    """How an input (its padded view) is read over `axes`: True in full, False broadcast (ones
+    wherever another input is not), None neither."""
+    ones = [view[a] == 1 for a in axes]
+    needed = [any(w[a] != 1 for w in padded) for a in axes]
+    if not any(o and n for o, n in zip(ones, needed)):
+        return True
+    if all(o or not n for o, n in zip(ones, needed)):
+        return False
+    return None
+
+
 def _patterns_at(program: ir.Program, split: int, rank: int):
     padded = [(1,) * (rank - len(i.view)) + tuple(i.view) for i in program.inputs]
     patterns = []
     for v in padded:
-        sides = []
-        for axes in (range(split), range(split, rank)):
-            ones = [v[a] == 1 for a in axes]
-            needed = [any(w[a] != 1 for w in padded) for a in axes]
-            if any(o and n for o, n in zip(ones, needed)):
-                if not all(o or not n for o, n in zip(ones, needed)):
-                    return None
-                sides.append(False)
-            else:
-                sides.append(True)
-        patterns.append({(True, True): "full", (False, True): "row", (True, False): "col",
-                         (False, False): "scalar"}[tuple(sides)])
+        sides = tuple(_side(v, padded, axes) for axes in (range(split), range(split, rank)))
+        if None in sides:
+            return None
+        patterns.append(_PATTERN[sides])
     return tuple(patterns)
 
 
@@ -183,39 +190,20 @@ def _split(program: ir.Program):
     for split in range(rank + 1):
         patterns = []
         for v in padded:
-            sides = []
-            for axes in (range(split), range(split, rank)):
-                ones = [v[a] == 1 for a in axes]
-                needed = [any(w[a] != 1 for w in padded) for a in axes]
-                if all(o or not n for o, n in zip(ones, needed)) and any(o and n for o, n in zip(ones, needed)):
-                    sides.append(False)  # broadcast on this side
-                elif not any(o and n for o, n in zip(ones, needed)):
-                    sides.append(True)  # read in full on this side
-                else:
-                    sides.append(None)
+            sides = tuple(_side(v, padded, axes) for axes in (range(split), range(split, rank)))
             if None in sides:
                 break
-            patterns.append({(True, True): "full", (False, True): "row", (True, False): "col",
-                             (False, False): "scalar"}[tuple(sides)])
+            patterns.append(_PATTERN[sides])
         else:
             return split, tuple(patterns), ""
     for s1 in range(1, rank):
         for s2 in range(s1 + 1, rank):
             patterns = []
             for v in padded:
-                sides = ""
-                for axes in (range(s1), range(s1, s2), range(s2, rank)):
-                    ones = [v[a] == 1 for a in axes]
-                    needed = [any(w[a] != 1 for w in padded) for a in axes]
-                    if not any(o and n for o, n in zip(ones, needed)):
-                        sides += "f"  # read in full on this side
-                    elif all(o or not n for o, n in zip(ones, needed)):
-                        sides += "b"  # broadcast on this side
-                    else:
-                        break
-                if len(sides) < 3:
+                sides = [_side(v, padded, axes) for axes in (range(s1), range(s1, s2), range(s2, rank))]
+                if None in sides:
                     break
-                patterns.append(sides)
+                patterns.append("".join("f" if full else "b" for full in sides))  # full / broadcast
             else:
                 return (s1, s2), tuple(patterns), ""
     return None, None, (f"broadcast pattern of {views} is neither an [outer, inner] nor an "
