@@ -132,7 +132,7 @@ def test_every_catalog_op_is_lowered_or_refused_with_a_reason():
     reductions = {s.ir_name for s in catalog.OPS if s.kind == catalog.REDUCE}
     assert reductions == set(ascendc.FOLD_OP)  # Prod: a fold reduction (no vector reduce API)
     assert reductions == set(ascendc.REDUCE_API) | {"Prod"}
-    assert set(opmap.refused_ops()) == set()  # every catalog op has a lowering today
+    assert set(opmap.refused_ops()) == set()  # every catalog op has a lowering
     for op, reason in opmap.refused_ops().items():
         assert len(reason) > 40, (op, reason)
     for op in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "Select"):

@@ -3,8 +3,8 @@ generator keeps to them for groups of any size.
 
 Each rule of the twin has a small hand-written kernel that breaks it and one that keeps it (one
 g++ run for all of them). Then generated kernels of many inputs and outputs: counted from their
-source they keep the limits, they run exact on the twin, and the layout the generator used before
-(one double-buffered queue per tensor) is rejected by the twin for the same groups."""
+source they keep the limits, they run exact on the twin, and one double-buffered queue per tensor
+(the layout that breaks the limits) is rejected by the twin for the same groups."""
 
 from __future__ import annotations
 
@@ -300,7 +300,7 @@ def test_wide_reduce_group_keeps_the_limits_and_runs_exact(wide):
 
 
 def test_the_twin_rejects_one_double_buffered_queue_per_tensor_for_wide_groups(monkeypatch):
-    # the layout the generator used before: every tensor its own double-buffered queue
+    # every tensor its own double-buffered queue, as for small groups
     monkeypatch.setattr(emit_base, "MAX_POSITION_BUFFERS", 1000)
     kernels = {shape: _generate_wide(*shape, f"per_queue_{shape[0]}_{shape[1]}")[:2] for shape in WIDE}
     assert all(k.ok for k, _ in kernels.values())
