@@ -5,6 +5,7 @@ library, cached by content) and run block by block; results are compared with nu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -125,17 +126,31 @@ def test_every_op_and_dtype_is_generated_or_refused_with_a_reason(op_kernels):
     assert len(generated) >= 140, sorted(refused)
 
 
-def test_every_catalog_op_is_mapped_or_refused_and_the_refused_list_shrank():
+def test_every_catalog_op_is_lowered_or_refused_with_a_reason():
     elementwise = {s.ir_name for s in catalog.OPS if s.kind in (catalog.ELEMENTWISE, catalog.BROADCAST)}
     assert elementwise <= set(opmap.mapped_ops()) | set(opmap.refused_ops())
     reductions = {s.ir_name for s in catalog.OPS if s.kind == catalog.REDUCE}
     assert reductions == set(ascendc.FOLD_OP)  # Prod: a fold reduction (no vector reduce API)
     assert reductions == set(ascendc.REDUCE_API) | {"Prod"}
-    assert set(opmap.refused_ops()) == set()  # issue 6: 21 ops refused before, FloorMod the last
+    assert set(opmap.refused_ops()) == set()  # every catalog op has a lowering
     for op, reason in opmap.refused_ops().items():
         assert len(reason) > 40, (op, reason)
     for op in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "Select"):
         assert opmap.refusal(op, "int32_t") is None
+    # opmap is the one Ascend table: the APIs it names are the ones its lowering emits
+    assert opmap.apis("Erf") == ("Erf",)
+    assert "Rsqrt" not in opmap.apis("Rsqrt") and "Div" in opmap.apis("Rsqrt")  # a true division
+    assert "ReduceSum" in opmap.apis("Sum")
+
+
+def test_a_catalog_op_without_a_lowering_or_refusal_is_an_import_error(monkeypatch):
+    toy = dataclasses.replace(catalog.for_ir_name("Abs"), ir_name="ToyOp", tf_ops=("ToyOp",))
+    monkeypatch.setattr(catalog, "OPS", catalog.OPS + (toy,))
+    with pytest.raises(ImportError, match="ToyOp.*neither an Ascend C lowering nor a stated refusal"):
+        opmap._check_complete()
+    monkeypatch.setitem(opmap._REFUSED, "ToyOp", "a toy op the vector unit has no instruction for")
+    opmap._check_complete()  # a stated refusal is enough
+    assert opmap.refusal("ToyOp", "float") == "ToyOp: a toy op the vector unit has no instruction for"
 
 
 @pytest.mark.parametrize("spec,dtype", OP_CASES, ids=[f"{s.ir_name}-{d}" for s, d in OP_CASES])
@@ -514,6 +529,7 @@ def fake_cann(root: Path, cmake_exit: int = 1) -> dict:
     (root / "compiler/ccec_compiler/bin/bisheng").write_text("#!/bin/sh\nexit 1\n")
     (root / "lib64").mkdir()
     (root / "lib64/libascendcl.so").write_bytes(b"")
+    (root / "compiler/version.info").write_text("Version=9.0.0\n")
     tools = root / "tools"
     tools.mkdir()
     (tools / "cmake").write_text(f"#!/bin/sh\necho fake cmake: no ASC here\nexit {cmake_exit}\n")
@@ -527,6 +543,7 @@ def test_detect_finds_cann_from_the_environment(tmp_path):
     assert found and why == ""
     assert found.bisheng.name == "bisheng" and found.libascendcl.name == "libascendcl.so"
     assert found.cmake == str(tmp_path / "ascend/tools/cmake")
+    assert (found.version, found.route) == ("9.0.0", 9)
     toolkit = {"ASCEND_TOOLKIT_HOME": env["ASCEND_HOME_PATH"], "PATH": env["PATH"]}
     assert cann.detect(toolkit)[0].home == found.home
     missing, why = cann.detect({"ASCEND_HOME_PATH": str(tmp_path / "nowhere"), "PATH": ""})
@@ -561,14 +578,18 @@ def test_unmappable_group_is_not_built(tmp_path):
     assert cann.prepare("in0: f64[?]\nin1: f64[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "floormod_only", env) is None
 
 
-def test_attach_npu_libraries_without_cann_changes_nothing(tmp_path):
-    from tensorflow.core.framework import graph_pb2
-    g = graph_pb2.GraphDef()
-    node = g.node.add(name="autofuse_pointwise_0_Abs", op="AutofuseKernel")
-    node.attr["program"].s = CHAIN.encode()
-    assert cann.attach_npu_libraries(g, {"ASCEND_HOME_PATH": str(tmp_path), "PATH": ""}) == 0
-    assert cann.NPU_LIBRARY_ATTR not in g.node[0].attr
+def test_without_cann_no_resolver_is_registered_and_the_cpu_path_runs(tmp_path):
+    class FakeLibrary:  # the op library's registration entry point
+        def __init__(self):
+            self.calls = []
 
+        def autofuse_set_npu_resolver(self, fn):
+            self.calls.append(fn)
+
+    lib = FakeLibrary()
+    no_cann = {"ASCEND_HOME_PATH": str(tmp_path), "PATH": ""}
+    assert cann.install_resolver(lib, no_cann) is False and lib.calls == [None]
+    assert cann.prepare(CHAIN, "autofuse_pointwise_0_Abs", no_cann, blacklist=()) is None
 
 def test_cmake_build_plan_names_the_toolchain(tmp_path):
     env = fake_cann(tmp_path / "ascend")
@@ -579,7 +600,7 @@ def test_cmake_build_plan_names_the_toolchain(tmp_path):
     assert "find_package(ASC REQUIRED" in files["CMakeLists.txt"]
     assert "--npu-arch=dav-2201" in files["CMakeLists.txt"]
     assert "AUTOFUSE_SINGLE_KERNEL" in files["CMakeLists.txt"]
-    assert commands[0][0] == found.cmake
+    assert commands[0][:3] == ["env", f"ASCEND_HOME_PATH={found.home}", found.cmake]
 
 
 # ---- debug dump and the offline CLI ----------------------------------------------------------
@@ -1699,3 +1720,41 @@ def test_bool_inputs_and_pow_in_the_3_level_broadcast(combined, cores, a, bb, c)
     want_m = c0 & c1
     np.testing.assert_array_equal(m, want_m)
     np.testing.assert_allclose(y, np.where(want_m, x.astype(np.float64) ** 2, x), rtol=1e-6)
+
+
+# ---- no variable named after a type of the bisheng dialect ----------------------------------------
+
+# built-in types of the Ascend C dialect (bisheng): using one as a variable name does not compile
+DIALECT_TYPES = ("half", "bfloat16_t", "int4b_t", "hifloat8_t", "fp8_e4m3fn_t", "fp8_e5m2_t", "fp4x2_e2m1_t")
+_DECLARED = re.compile(r"\b(?:u?int(?:8|16|32|64)_t|float|double|bool|auto|half|bfloat16_t|LocalTensor<\w+>)"
+                       r"\s+(\w+)\s*[=;(\[{]")
+_MORE_DECLARED = re.compile(r",\s*(\w+)\s*=\s*[^=]")  # `int a = 0, b = 1;`
+
+
+def declared_names(source: str) -> set:
+    names = set(_DECLARED.findall(source))
+    for line in source.splitlines():
+        if _DECLARED.search(line) and not line.lstrip().startswith("//"):
+            names.update(_MORE_DECLARED.findall(line.split("(", 1)[0] if "for (" not in line else line))
+    return names
+
+
+def suite_kernels(prefix: str) -> list:
+    """The generated kernels of this suite's programs (every op and dtype, every schedule)."""
+    programs = [text for table in (REDUCED_ARITHMETIC, COVERAGE, MULTIPASS, FOLDS, COLUMNS, BCAST3, COMBINED, BCAST)
+                for text in (v if isinstance(v, str) else v[0] for v in table.values())]
+    programs += [unary_or_binary(spec.ir_name, spec.arity, dtype) for spec, dtype in OP_CASES]
+    programs += [REDUCE, REDUCE_F16_3D, CHAIN]
+    kernels = [generate(text.replace("{d}", "f16"), f"{prefix}_{k}") for k, text in enumerate(programs)]
+    return [k for k in kernels if k.ok]
+
+
+def test_no_generated_variable_is_named_after_a_dialect_type():
+    assert "half" in declared_names("      uint32_t len = tileLength, half = 8;")  # the scan sees it
+    scanned = 0
+    for kernel in suite_kernels("scan"):
+        for name, source in kernel.sources.items():
+            bad = declared_names(source) & set(DIALECT_TYPES)
+            assert not bad, (name, bad)
+        scanned += 1
+    assert scanned > 150

@@ -1,12 +1,13 @@
 """The NPU path of the running product, end to end on the stand-in runtime (issue 6).
 
 No CANN and no NPU here: tests/scripts/npu_session.py installs the test-only
-`twin.StandinBackend` in place of the CANN toolchain, in a fresh process. The pass then stamps
-`_autofuse_npu_library` on each fused node, the AutofuseKernel op loads that library
-(codegen/host/npu_dispatch.h) and launches it through its ACL launcher, and the stand-in
-libascendcl.so runs the twin-built kernel and logs every run. The tests assert the structure
-(the attr on the executed node, the runs the runtime logged, the warnings) and the numbers
-(fused on the stand-in NPU == numpy and unfused TensorFlow).
+`twin.StandinBackend` in place of the CANN toolchain, in a fresh process. Each AutofuseKernel op,
+when constructed, then gets the library of its own program from the resolver
+(codegen/cann.py, codegen/host/npu_dispatch.h), launches it through its ACL launcher, and the
+stand-in libascendcl.so runs the twin-built kernel and logs every run. The tests assert the
+structure (the library each executed node got, the runs the runtime logged, the warnings) and the
+numbers (fused on the stand-in NPU == numpy and unfused TensorFlow). A library path in the graph
+is never loaded.
 """
 
 from __future__ import annotations
@@ -55,13 +56,13 @@ def only_kernel(report, case):
 
 def assert_on_npu(report, case, runs):
     name, library = only_kernel(report, case)
-    assert library and Path(library).is_file(), (name, library)  # the attr on the executed node
+    assert library and Path(library).is_file(), (name, library)  # the library the kernel got
     assert report[case]["launches"] == [report[case]["launches"][0]] * runs
     assert report[case]["launches"][0].endswith(" ok"), report[case]["launches"]
     return name
 
 
-def test_without_cann_nothing_is_stamped_and_one_info_line(child):
+def test_without_cann_no_library_and_one_info_line(child):
     report, arrays, stderr = child
     for case in ("no_cann", "no_cann_again"):
         name, library = only_kernel(report, case)
@@ -163,21 +164,35 @@ def test_failed_launch_falls_back_to_the_cpu_with_one_warning(child):
     np.testing.assert_allclose(arrays["failing_fused_0"], arrays["failing_unfused_0"], rtol=1e-6)
 
 
+def test_a_library_named_in_the_graph_is_never_loaded(child):
+    report, arrays, stderr = child
+    case = report["attr_library"]
+    assert case["marker"] is False  # the named library's constructor never ran
+    name = assert_on_npu(report, "attr_library", runs=2)  # the kernel ran its own program's library
+    assert "libevil" not in case["kernels"][name], case
+    assert "libevil" not in stderr
+    np.testing.assert_allclose(arrays["attr_library_fused_0"], np.sqrt(np.abs(arrays["xf"])), rtol=1e-6)
+
+
 def test_library_that_does_not_load_is_one_warning_and_the_cpu_kernel(child):
     report, arrays, stderr = child
     assert report["missing_library"]["launches"] == []
     warnings = [line for line in stderr.splitlines() if NOT_LOADED in line]
-    assert len(warnings) == 1 and "/nonexistent/libnpu.so" in warnings[0], warnings
+    assert len(warnings) == 1 and "nonexistent/libnpu.so" in warnings[0], warnings
     np.testing.assert_allclose(arrays["missing_library_fused_0"], np.sqrt(np.abs(arrays["xf"])),
                                rtol=1e-6)
     assert "AutofuseWarning" not in stderr, stderr[-3000:]
 
 
-# ---- attach_npu_libraries, in this process ---------------------------------------------------
+# ---- the resolver, in this process ---------------------------------------------------------------
 
-def fused_graph(program="in0: f32[?]\n%0 = Abs in0\nout0 = %0\n"):
+PROGRAM = "in0: f32[?]\n%0 = Abs in0\nout0 = %0\n"
+NODE = "autofuse_pointwise_0_Abs"
+
+
+def fused_graph(program=PROGRAM):
     g = graph_pb2.GraphDef()
-    node = g.node.add(name="autofuse_pointwise_0_Abs", op="AutofuseKernel")
+    node = g.node.add(name=NODE, op="AutofuseKernel")
     node.attr["program"].s = program.encode()
     return g
 
@@ -200,37 +215,41 @@ def backend():
     cann.reset_for_tests()
 
 
-def test_attach_never_raises_and_warns_once(backend):
+def test_resolve_never_raises_and_warns_once(backend):
     def broken(kernel, found):
         raise OSError("disk on fire")
     cann.set_backend_for_tests(Backend(broken))
     with pytest.warns(_warn.AutofuseWarning, match="disk on fire") as record:
-        assert cann.attach_npu_libraries(fused_graph(), blacklist=()) == 0
-        assert cann.attach_npu_libraries(fused_graph(), blacklist=()) == 0
+        assert cann.resolve(PROGRAM, NODE) is None
+        assert cann.resolve(PROGRAM, NODE) is None
     assert len(record) == 1
 
 
-def test_attach_skips_graphs_without_fused_nodes_and_remembers_builds(backend, tmp_path):
+def test_resolve_builds_once_per_program_and_reads_only_op_names(backend, tmp_path):
     built = []
     lib = tmp_path / "lib.so"
 
     def build(kernel, found):
         built.append(kernel)
         return lib
-    fake = Backend(build)
-    cann.set_backend_for_tests(fake)
-    assert cann.attach_npu_libraries(graph_pb2.GraphDef()) == 0 and fake.detected == 0
+    cann.set_backend_for_tests(Backend(build))
     for _ in range(3):
-        g = fused_graph()
-        assert cann.attach_npu_libraries(g, blacklist=()) == 1
-        assert g.node[0].attr[cann.NPU_LIBRARY_ATTR].s.decode() == str(lib)
+        assert cann.resolve(PROGRAM, NODE) == lib
     assert len(built) == 1  # generated and built once per process
-    # the blacklist reaches the generator: an f16 Exp computed in half is another kernel
+    assert cann.resolved_libraries() == {NODE: str(lib)}
+    # the blacklist attr reaches the generator (op names only: anything else is dropped)
     f16 = "in0: f16[?]\n%0 = Exp in0\nout0 = %0\n"
-    cann.attach_npu_libraries(fused_graph(f16), blacklist={"Exp"})
-    cann.attach_npu_libraries(fused_graph(f16), blacklist=())
+    cann.resolve(f16, "k16", "Exp,/tmp/libx.so")
+    cann.resolve(f16, "k16", "")
     assert [k.half_ops for k in built[1:]] == [("%0 = Exp",), ()]
-    # a program the generator refuses is not stamped (and not built)
-    g = fused_graph("in0: f64[?]\nin1: f64[?]\n%0 = FloorMod in0, in1\nout0 = %0\n")
-    assert cann.attach_npu_libraries(g, blacklist=()) == 0 and len(built) == 3
-    assert cann.NPU_LIBRARY_ATTR not in g.node[0].attr
+    # a program the generator refuses is not built
+    assert cann.resolve("in0: f64[?]\nin1: f64[?]\n%0 = FloorMod in0, in1\nout0 = %0\n", "k64") is None
+    assert len(built) == 3
+
+
+def test_the_pass_stamps_only_the_blacklist_and_builds_nothing(backend):
+    cann.set_backend_for_tests(Backend(lambda kernel, found: pytest.fail("built inside the pass")))
+    g = fused_graph()
+    assert cann.note_fused_graph(g, frozenset()) == 0 and list(g.node[0].attr) == ["program"]
+    assert cann.note_fused_graph(g, {"Exp", "Abs"}) == 1
+    assert g.node[0].attr[cann.BLACKLIST_ATTR].s == b"Abs,Exp"

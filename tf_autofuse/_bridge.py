@@ -107,7 +107,7 @@ def _optimize(graph_bytes: bytes, preserve, feeds, shapes, params, source: str):
                 codegen_dump.dump_codegen(flags.debug_dir, result.fusions, verify=False)
         if not result.fusions:
             return None
-        cann.attach_npu_libraries(result.graph_def, blacklist=flags.autofuse_enhance_precision_blacklist)
+        cann.note_fused_graph(result.graph_def, flags.autofuse_enhance_precision_blacklist)
         return result.graph_def.SerializeToString(deterministic=True)
     except AutofuseError as err:  # names the phase, node and line itself
         warn_once(f"the fusion pass failed and this graph runs unfused: {err}")

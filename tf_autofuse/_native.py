@@ -41,6 +41,9 @@ def load():
                 # The bridge skips graphs holding none of these op types without calling Python.
                 names = ",".join(sorted(catalog.candidate_op_types() | FOLDED_OPS))
                 cdll.autofuse_set_candidate_ops(names.encode())
+                from .codegen import cann
+
+                cann.install_resolver(cdll)  # NPU kernels, when a CANN toolchain is present
             except (tf.errors.OpError, OSError, AttributeError) as err:
                 # a truncated or foreign file, a library built for another TensorFlow, a
                 # sanitized build without its runtime preloaded: say which file and how to fix it
@@ -50,6 +53,11 @@ def load():
                     f"{_build.CACHE_ENV} at an empty writable directory.") from None
             _module, _cdll = module, cdll
         return _module
+
+
+def loaded_cdll():
+    """The op library as a ctypes handle, or None before `load()`."""
+    return _cdll
 
 
 def set_kernel_profile(path: str) -> None:

@@ -1,8 +1,8 @@
 """Fused v1 Sessions whose AutofuseKernels run on the stand-in NPU (CPU twin + stand-in ACL).
 
 Run by tests/test_npu_dispatch.py in a fresh process: it installs the test-only
-`twin.StandinBackend` in place of CANN (`cann.set_backend_for_tests`), so the pass stamps
-`_autofuse_npu_library` on the fused nodes and the op kernel launches the twin-built library
+`twin.StandinBackend` in place of CANN (`cann.set_backend_for_tests`), so each AutofuseKernel,
+when constructed, gets the twin-built library of its program from the resolver and launches it
 through the stand-in runtime, which logs every kernel run to $TWIN_ACL_LOG.
 Usage: python npu_session.py OUT_DIR   (writes OUT_DIR/report.json and OUT_DIR/arrays.npz)
 """
@@ -10,6 +10,7 @@ Usage: python npu_session.py OUT_DIR   (writes OUT_DIR/report.json and OUT_DIR/a
 import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,23 +47,24 @@ def launches():
 
 
 def run(build, feeds, fuse=True, runs=1, **params):
-    """(fetched values of the last run, {fused node: its NPU library attr or None}, runs logged)."""
+    """(fetched values of the last run, {fused node: the NPU library it got or None}, runs logged)."""
     graph = tf.Graph()
     with graph.as_default():
         fetches, placeholders = build()
         before = len(launches())
+        cann.resolved_libraries(clear=True)
         with tf1.Session(graph=graph, config=config(fuse, **params)) as sess:
             metadata = tf1.RunMetadata()
             for _ in range(runs):
                 values = sess.run(fetches, dict(zip(placeholders, feeds)),
                                   options=tf1.RunOptions(output_partition_graphs=True),
                                   run_metadata=metadata)
+    resolved = cann.resolved_libraries()
     kernels = {}
     for partition in metadata.partition_graphs:
         for node in partition.node:
             if node.op == "AutofuseKernel":
-                attr = node.attr.get(cann.NPU_LIBRARY_ATTR)
-                kernels[node.name] = attr.s.decode() if attr is not None else None
+                kernels[node.name] = resolved.get(node.name)
     return values, kernels, launches()[before:]
 
 
@@ -163,16 +165,41 @@ arrays["failing_again_fused_0"] = fused
 del os.environ["TWIN_ACL_FAIL_SYNC"]
 
 
-# 4. A stamped library that does not load: one warning, the CPU kernel runs.
-def missing_library():
+# 4. A graph naming a library in an attr: never loaded. The library's constructor would create
+# $EVIL_MARKER; the kernel runs the library built for its own program.
+EVIL_MARKER = OUT / "evil_marker"
+(OUT / "evil.cpp").write_text(
+    '#include <cstdio>\n#include <cstdlib>\n'
+    '__attribute__((constructor)) static void hit() { std::FILE* f = std::fopen(std::getenv("EVIL_MARKER"), "w"); '
+    'if (f) std::fclose(f); }\n'
+    'extern "C" int autofuse_npu_launch(const void*) { return 0; }\n'
+    'extern "C" const char* autofuse_npu_kernel_name() { return "evil"; }\n')
+subprocess.run(["g++", "-shared", "-fPIC", str(OUT / "evil.cpp"), "-o", str(OUT / "libevil.so")], check=True)
+os.environ["EVIL_MARKER"] = str(EVIL_MARKER)
+
+
+def attr_library():
     x = tf1.placeholder(tf.float32, [32, 100], name="x")
     program = "in0: f32[32,100]\n%0 = Abs in0\n%1 = Sqrt %0\nout0 = %1\n"
     y = tf_autofuse.ops().autofuse_kernel(inputs=[x], Tout=[tf.float32], program=program)[0]
-    y.op._set_attr(cann.NPU_LIBRARY_ATTR, attr_value_pb2.AttrValue(s=b"/nonexistent/libnpu.so"))
+    for attr in ("_autofuse_npu_library", "_npu_library"):
+        y.op._set_attr(attr, attr_value_pb2.AttrValue(s=str(OUT / "libevil.so").encode()))
     return y, [x]
 
 
-fused, kernels, logged = run(missing_library, [xf], fuse=False, runs=2)
+fused, kernels, logged = run(attr_library, [xf], fuse=False, runs=2)
+report["attr_library"] = {"kernels": kernels, "launches": logged, "marker": EVIL_MARKER.exists()}
+arrays["attr_library_fused_0"] = fused
+
+
+# 5. A library that does not load: one warning, the CPU kernel runs.
+class MissingLibrary(twin.StandinBackend):
+    def build(self, kernel, found=None):
+        return OUT / "nonexistent" / "libnpu.so"
+
+
+cann.set_backend_for_tests(MissingLibrary())
+fused, kernels, logged = run(attr_library, [xf], fuse=False, runs=2)
 report["missing_library"] = {"kernels": kernels, "launches": logged}
 arrays["missing_library_fused_0"] = fused
 

@@ -4,11 +4,12 @@
 // and plans it once, at construction, then runs the tiled interpreter (interpreter.cc) over the
 // inputs, spreading the tiles over TensorFlow's intra-op thread pool.
 //
-// NPU: when the pass found CANN and built the Ascend C kernel of the program, the node also
-// carries `_autofuse_npu_library` (codegen/cann.py). The kernel then loads that library
-// (codegen/host/npu_dispatch.h) and runs each call through its ACL launcher first; a library
-// that does not load or a launch that fails is one warning naming the kernel and the error,
-// and from then on this kernel runs on the CPU. Without the attr nothing here changes.
+// NPU: when a CANN toolchain is present, the kernel asks the resolver the Python side registered
+// (codegen/cann.py, codegen/host/npu_dispatch.h) for the library of its program, generated and
+// built when the kernel is constructed (or found in the cache, built ahead of time by
+// `python -m tf_autofuse codegen`), and runs each call through its ACL launcher first; a library
+// that does not load or a launch that fails is one warning naming the kernel and the error, and
+// from then on this kernel runs on the CPU. No path in the graph is ever loaded.
 
 #include <algorithm>
 #include <atomic>
@@ -75,9 +76,10 @@ constexpr int64_t kProbeCost = 20'000'000;
 // Eigen's cost model counts cycles; a measured nanosecond is taken as this many.
 constexpr double kCyclesPerNs = 3.0;
 
-// The node attr naming the NPU kernel library of the program (codegen/cann.py). Attrs starting
-// with '_' need no declaration in the op registration: TensorFlow keeps them on the NodeDef.
-constexpr char kNpuLibraryAttr[] = "_autofuse_npu_library";
+// The node attr holding the IR ops the NPU kernel computes in half
+// (--autofuse_enhance_precision_blacklist, stamped by codegen/cann.py); op names only, checked by
+// the resolver. Attrs starting with '_' need no declaration in the op registration.
+constexpr char kPrecisionBlacklistAttr[] = "_autofuse_precision_blacklist";
 
 // Each distinct message once per process.
 void WarnOnce(const std::string& message) {
@@ -359,19 +361,17 @@ class AutofuseKernelOp : public OpKernel {
       interpreter_->set_profile(profile_);
       if (prologue_ != nullptr) prologue_->set_profile(profile_);
     }
-    if (ctx->HasAttr(kNpuLibraryAttr)) {
-      std::string library;
-      OP_REQUIRES_OK(ctx, ctx->GetAttr(kNpuLibraryAttr, &library));
-      if (!library.empty()) {
-        std::string why;
-        npu_ = npu::Launcher::Open(library, &why);
-        if (npu_ == nullptr) {
-          WarnOnce(absl::StrCat("AutofuseKernel '", name(),
-                                "': the NPU kernel library is not used, the CPU kernel runs: ", why));
-        }
-        npu_device_ = NpuDevice();
-      }
+    std::string blacklist;
+    if (ctx->HasAttr(kPrecisionBlacklistAttr)) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(kPrecisionBlacklistAttr, &blacklist));
     }
+    std::string why;
+    npu_ = npu::Launcher::ForProgram(text, name(), blacklist, &why);
+    if (npu_ == nullptr && !why.empty()) {
+      WarnOnce(absl::StrCat("AutofuseKernel '", name(),
+                            "': the NPU kernel library is not used, the CPU kernel runs: ", why));
+    }
+    if (npu_ != nullptr) npu_device_ = NpuDevice();
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -586,3 +586,10 @@ REGISTER_OP("AutofuseKernel")
 REGISTER_KERNEL_BUILDER(Name("AutofuseKernel").Device(tensorflow::DEVICE_CPU), AutofuseKernelOp);
 
 }  // namespace tf_autofuse
+
+// The Python side (codegen/cann.py) registers the resolver of NPU kernel libraries here when a
+// CANN toolchain is present; null unregisters it.
+extern "C" __attribute__((visibility("default"))) void autofuse_set_npu_resolver(
+    tf_autofuse::npu::Resolver resolver) {
+  tf_autofuse::npu::ResolverSlot().store(resolver, std::memory_order_release);
+}

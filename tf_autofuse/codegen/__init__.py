@@ -1,13 +1,18 @@
 """Ascend C code generation for fused programs (docs/ASCEND.md).
 
     ir.py       the program as the generator reads it (parsed by tf_autofuse.rewriter.program)
-    opmap.py    IR op -> Ascend C API / composition, with the reason for every op it cannot do
+    opmap.py    IR op -> Ascend C lowering, the one Ascend table: every catalog op is lowered or
+                refused with a reason (checked at import)
+    kernel.py   the Kernel result and the dtype tables
+    schedule.py choosing a schedule (flat, broadcast, broadcast3, reduce, column)
+    compute.py  what one tile computes, for any schedule
+    emit/       one emitter per schedule: device kernel, tiling header, host glue
     tiling.py   UB budget, the tiling-data struct and the host tiling function
-    ascendc.py  generate(program, name) -> Kernel: device kernel, tiling header, host glue
+    ascendc.py  generate(program, name) -> Kernel: schedule, compute plan, emitter
     build.py    compile-and-cache
     twin.py     the CPU twin (twin/kernel_operator.h) and the stand-in ACL runtime (twin/acl_stub.cpp)
-    cann.py     CANN detection, the toolchain build, and the NPU dispatch decision (the bridge's
-                attach_npu_libraries stamps the library on fused nodes for cc/kernel.cc)
+    cann.py     CANN detection, the toolchain build, and the resolver each AutofuseKernel asks for
+                the library of its own program when it is constructed (cc/kernel.cc)
     host/       the launch ABI (autofuse_launch.h) and npu_dispatch.h, included by cc/kernel.cc
     dump.py     the debug dump (--codegen_compile_debug) and the offline CLI
 """

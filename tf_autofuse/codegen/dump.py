@@ -2,8 +2,8 @@
 
 For each fused kernel, `<dir>/codegen/<kernel>/` receives: program.txt, the generated sources
 (<kernel>_kernel.cpp, _tiling.h, _host.cpp, the one-file <kernel>.asc and a CMakeLists.txt that
-builds it with CANN, autofuse_launch.h), ub_plan.txt, tiling.txt (the tiling data for the
-program's static size, or example sizes, on 1, 8, 40 and 48 cores), build_commands.txt (the twin
+builds it with CANN (for CANN 8.0-8.4 no .asc: the CMakeLists builds the sources apart),
+autofuse_launch.h), ub_plan.txt, tiling.txt (the tiling data for the program's static size, or example sizes, on 1, 8, 40 and 48 cores), build_commands.txt (the twin
 g++ command and the CANN commands), twin_build.log (the twin compile of the kernel, which checks
 that the source compiles against the emulated API) and, where CANN is installed, cann_build.log.
 A kernel that cannot be generated gets refused.txt with the reason. Nothing here raises: a dump
@@ -106,7 +106,8 @@ def dump_kernel(root: Path, name: str, program: str, verify: bool = True, enviro
                                 Path("${ASCEND_HOME_PATH}/lib64/libascendcl.so"), "cmake")
     files, cann_commands, _ = _cann.build_plan(kernel, target, environ)
     for file_name in (f"{kernel.name}.asc", "CMakeLists.txt"):
-        (out / file_name).write_text(files[file_name])
+        if file_name in files:  # the .asc: CANN 8.5 / 9.x only
+            (out / file_name).write_text(files[file_name])
     _, _, twin_command = twin.plan([kernel])
     commands = ["# CPU twin (g++ against tf_autofuse/codegen/twin/kernel_operator.h)",
                 " ".join(twin_command),

@@ -1,6 +1,11 @@
-"""IR op -> Ascend C: the codegen's own table, keyed by the IR op name of docs/PROGRAM.md.
+"""IR op -> Ascend C: the one table of how each op of the catalog is lowered to Ascend C.
 
-Each entry emits the vector instructions of one IR instruction, given the C++ compute type T
+Keyed by the IR op name of docs/PROGRAM.md (rewriter/catalog.py declares the ops). Every catalog
+op has an entry here: an element-wise lowering (`_add`), a reduction lowering (REDUCE_API /
+FOLD_OP), or a stated refusal with its reason (`_refuse`). An op added to the catalog without
+one is an import error naming it (`_check_complete`).
+
+Each element-wise entry emits the vector instructions of one IR instruction, given the C++ compute type T
 ("float", "half" or "int32_t"), the destination tensor, the source tensors, the element count
 and scratch tensors of the same size. The generator puts `PipeBarrier<PIPE_V>()` between every
 two instructions, owns the buffers, and turns immediates into `Duplicate`d tensors.
@@ -410,6 +415,30 @@ _add("Pow", FLOAT, 0, ["Power"], lambda T, d, s, n, t: [f"Power({d}, {s[0]}, {s[
      shared_tmp=(4 * 4, 256))
 
 
+# ---- reductions ---------------------------------------------------------------------------------
+# Reductions with a vector reduce API for their type: each tile reduced to one value, folded into
+# a 32-byte row accumulator with ACCUMULATE.
+REDUCE_API = {"Sum": "ReduceSum", "Mean": "ReduceSum", "Max": "ReduceMax", "Min": "ReduceMin"}
+ACCUMULATE = {"Sum": "Add", "Mean": "Add", "Max": "Max", "Min": "Min"}
+# Reductions without a vector reduce API for their type (Prod; Sum/Mean/Max/Min of i32): folded
+# element-wise into a tile-sized accumulator over the row's tiles, then halved in UB down to 8
+# lanes (32 bytes) at the row's end and finished by the scalar unit.
+FOLD_OP = {"Prod": "Mul", "Sum": "Add", "Mean": "Add", "Max": "Max", "Min": "Min"}
+FOLD_IDENTITY = {("Prod", "float"): "1.0f", ("Sum", "int32_t"): "static_cast<int32_t>(0)",
+                 ("Mean", "int32_t"): "static_cast<int32_t>(0)",
+                 ("Max", "int32_t"): "static_cast<int32_t>(INT32_MIN)",
+                 ("Min", "int32_t"): "static_cast<int32_t>(INT32_MAX)"}
+FOLD_SCALAR = {  # v = v (op) x on the scalar unit; i32 sums wrap as the vector unit's do
+    "Mul": "v = v * x;",
+    "Add": "v = static_cast<int32_t>(static_cast<uint32_t>(v) + static_cast<uint32_t>(x));",
+    "Max": "v = x > v ? x : v;", "Min": "v = x < v ? x : v;"}
+
+
+def is_fold(inst) -> bool:
+    """A reduction folded element-wise (no vector reduce API for its op and type)."""
+    return inst.op == "Prod" or (inst.op in FOLD_OP and inst.operand_dtype == "i32")
+
+
 def temps_for(mapping: Mapping, ctype: str) -> int:
     return mapping.temps(ctype) if callable(mapping.temps) else mapping.temps
 
@@ -432,6 +461,19 @@ def mapped_ops() -> list:
     return sorted(_TABLE)
 
 
+def reduction_ops() -> list:
+    return sorted(FOLD_OP)
+
+
+def apis(op: str) -> tuple:
+    """The Ascend C APIs the lowering of `op` uses; () when it is refused."""
+    if op in _TABLE:
+        return _TABLE[op].apis
+    if op in FOLD_OP:
+        return tuple(sorted({REDUCE_API.get(op), ACCUMULATE.get(op), FOLD_OP[op]} - {None}))
+    return ()
+
+
 def refused_ops() -> dict:
     return dict(_REFUSED)
 
@@ -441,3 +483,24 @@ def alpha_of(attrs: dict) -> float:
     if not math.isfinite(value):
         raise ValueError("alpha must be finite")
     return value
+
+
+def _check_complete() -> None:
+    """Every catalog op is lowered or refused with a reason; nothing here names an unknown op."""
+    from ..rewriter import catalog
+
+    ops = {spec.ir_name for spec in catalog.OPS}
+    lowered = set(_TABLE) | set(FOLD_OP)
+    missing = sorted(ops - lowered - set(_REFUSED))
+    if missing:
+        raise ImportError(f"tf_autofuse.codegen.opmap: catalog op(s) {', '.join(missing)} have neither "
+                          "an Ascend C lowering nor a stated refusal (_refuse(op, reason))")
+    unknown = sorted((lowered | set(_REFUSED)) - ops)
+    if unknown:
+        raise ImportError(f"tf_autofuse.codegen.opmap: {', '.join(unknown)} are not catalog ops")
+    both = sorted(lowered & set(_REFUSED))
+    if both:
+        raise ImportError(f"tf_autofuse.codegen.opmap: {', '.join(both)} are both lowered and refused")
+
+
+_check_complete()

@@ -176,14 +176,27 @@ def stub_library() -> Path:
     return _build.cached_build("twin_acl", key, {"acl_stub.cpp": src}, [command], "libascendcl.so")
 
 
-def build(kernels, acl: bool = False, single: bool = False) -> "TwinLibrary":
+def build(kernels, acl: bool = False, single: bool = False, route: int = 9) -> "TwinLibrary":
+    """route: the CANN API generation the launchers are built for (cann.ROUTES), against the
+    stand-in headers of that generation."""
     kernels = list(kernels)
-    key, files, command = plan(kernels, acl, single)
+    key, files, command = plan(kernels, acl, single, route)
     path = _build.cached_build("twin", key, files, [command], "libtwin.so")
     return TwinLibrary(path, {k.name: k for k in kernels})
 
 
-def plan(kernels, acl: bool = False, single: bool = False):
+def _launch_header(k: Kernel) -> str:
+    """Stand-in of the aclrtlaunch_<name>.h that CANN 8.x's ascendc_library generates."""
+    n = len(k.inputs) + len(k.outputs) + 2
+    params = ", ".join(f"void* a{i}" for i in range(n))
+    args = ", ".join(f"static_cast<uint8_t*>(a{i})" for i in range(n))
+    return (f"// Stand-in of CANN 8.x's generated launch header for {k.name}.\n#pragma once\n"
+            "#ifndef ACLRT_LAUNCH_KERNEL\n#define ACLRT_LAUNCH_KERNEL(kernel_func) aclrtlaunch_##kernel_func\n#endif\n"
+            f"inline uint32_t aclrtlaunch_{k.name}(uint32_t blockDim, aclrtStream stream, {params}) {{\n"
+            f"  return static_cast<uint32_t>(twin_launch_{k.name}(blockDim, stream, {args}));\n}}\n")
+
+
+def plan(kernels, acl: bool = False, single: bool = False, route: int = 9):
     """(cache key, files, g++ command) of a twin build."""
     for k in kernels:
         if not k.ok:
@@ -195,7 +208,9 @@ def plan(kernels, acl: bool = False, single: bool = False):
     flags = [*CXXFLAGS, f"-I{_build.TWIN_DIR}", f"-I{_build.HOST_DIR}", "-I{dir}"]
     link = []
     if acl:
-        flags += ["-DAUTOFUSE_WITH_ACL", "-DAUTOFUSE_TWIN"]
+        flags += ["-DAUTOFUSE_WITH_ACL", "-DAUTOFUSE_TWIN", f"-DAUTOFUSE_CANN_ROUTE={route}"]
+        if route == 8:
+            files.update({f"aclrtlaunch_{k.name}.h": _launch_header(k) for k in kernels})
         if single:
             flags.append("-DAUTOFUSE_SINGLE_KERNEL")
         stub = stub_library()
@@ -290,9 +305,10 @@ class TwinLibrary:
 
 def stub_stats() -> dict:
     stub = ctypes.CDLL(str(stub_library()))
-    out = (ctypes.c_uint64 * 6)()
+    out = (ctypes.c_uint64 * 8)()
     stub.twinAclStats(out)
-    return dict(zip(("launches", "last_block_dim", "h2d_bytes", "d2h_bytes", "mallocs", "frees"), out))
+    return dict(zip(("launches", "last_block_dim", "h2d_bytes", "d2h_bytes", "mallocs", "frees",
+                     "device_info_queries", "capability_queries"), out))
 
 
 class StandinBackend:
@@ -304,12 +320,16 @@ class StandinBackend:
     kernel then loads and launches it exactly as it would a CANN build. Nothing selects this
     from the environment: a test installs it by calling `cann.set_backend_for_tests`."""
 
+    def __init__(self, route: int = 9):
+        self.route = route
+
     def detect(self, environ=None):
         from . import cann
 
         stub = stub_library()
-        return cann.Cann(stub.parent, Path(_build.cxx()), stub, None), ""
+        version = {8: "8.1.RC1", 9: "9.0.0"}[self.route]
+        return cann.Cann(stub.parent, Path(_build.cxx()), stub, None, version, self.route), ""
 
     def build(self, kernel: Kernel, found=None) -> Path:
-        key, files, command = plan([kernel], acl=True, single=True)
+        key, files, command = plan([kernel], acl=True, single=True, route=self.route)
         return _build.cached_build("twin", key, files, [command], "libtwin.so")

@@ -10,6 +10,13 @@
 
 #define AUTOFUSE_LAUNCH_ABI 1u
 
+// The CANN API generation the launcher is built for (codegen/cann.py sets it): 8 for CANN
+// 8.0-8.4 (ascendc_library, ACLRT_LAUNCH_KERNEL, aclGetDeviceCapability), 9 for CANN 8.5 and 9.x
+// (find_package(ASC), <<<...>>>, aclrtGetDeviceInfo).
+#ifndef AUTOFUSE_CANN_ROUTE
+#define AUTOFUSE_CANN_ROUTE 9
+#endif
+
 struct AutofuseLaunchArgs {
   uint32_t abi_version;      // AUTOFUSE_LAUNCH_ABI
   int32_t device_id;         // ACL device
@@ -75,10 +82,17 @@ static inline aclError autofuse_acl_prepare(int32_t device, aclrtStream* stream,
   }
   if (*core_num == 0) {
     int64_t value = 0;
+#if AUTOFUSE_CANN_ROUTE == 8  // CANN 8.0-8.4: aclGetDeviceCapability
+    if (aclGetDeviceCapability(static_cast<uint32_t>(device), ACL_DEVICE_INFO_VECTOR_CORE_NUM, &value) != ACL_SUCCESS ||
+        value <= 0) {
+      if (aclGetDeviceCapability(static_cast<uint32_t>(device), ACL_DEVICE_INFO_AI_CORE_NUM, &value) == ACL_SUCCESS &&
+          value > 0)
+#else  // CANN 8.5 / 9.x: aclrtGetDeviceInfo
     if (aclrtGetDeviceInfo(static_cast<uint32_t>(device), ACL_DEV_ATTR_VECTOR_CORE_NUM, &value) != ACL_SUCCESS ||
         value <= 0) {
       if (aclrtGetDeviceInfo(static_cast<uint32_t>(device), ACL_DEV_ATTR_AICORE_CORE_NUM, &value) == ACL_SUCCESS &&
           value > 0)
+#endif
         value *= 2;  // two AIV cores per AI core on Atlas A2/A3
       else
         value = 40;
@@ -88,7 +102,12 @@ static inline aclError autofuse_acl_prepare(int32_t device, aclrtStream* stream,
   return ACL_SUCCESS;
 }
 
-#ifdef AUTOFUSE_TWIN
+#if AUTOFUSE_CANN_ROUTE == 8
+// CANN 8.0-8.4 (ascendc_library): the kernel is built apart from the host code and launched
+// through the function its generated header aclrtlaunch_<name>.h declares.
+#define AUTOFUSE_LAUNCH_KERNEL(name, block_dim, stream, ...) \
+  static_cast<aclError>(ACLRT_LAUNCH_KERNEL(name)(block_dim, stream, __VA_ARGS__))
+#elif defined(AUTOFUSE_TWIN)
 // CPU twin: the launch goes through the stand-in runtime (twin/acl_stub.cpp).
 #define AUTOFUSE_LAUNCH_KERNEL(name, block_dim, stream, ...) twin_launch_##name(block_dim, stream, __VA_ARGS__)
 #else

@@ -1,11 +1,15 @@
-// NPU dispatch for the AutofuseKernel op kernel: loads a kernel library built by
-// tf_autofuse.codegen (cann.build_npu; its path is in the node attr `_autofuse_npu_library`)
+// NPU dispatch for the AutofuseKernel op kernel: finds the kernel library of a fused program
 // and runs it through its ACL launcher. Header-only, needs only dlopen.
 //
+// The library is found from the program itself, never from a path in the graph: the Python side
+// registers a resolver (tf_autofuse.codegen.cann.install_resolver, only when a CANN toolchain is
+// present) that generates the program's Ascend C and builds it, or finds the build, under
+// $TF_AUTOFUSE_CACHE_DIR/npu/<hash of the sources and the toolchain>/. Without a resolver every
+// kernel runs on the CPU.
+//
 // Hook (kernel.cc), in the constructor:
-//   std::string lib;
-//   if (ctx->GetAttr("_autofuse_npu_library", &lib).ok() && !lib.empty())
-//     npu_ = tf_autofuse::npu::Launcher::Open(lib, &why);   // null: CPU path (log `why` once)
+//   npu_ = tf_autofuse::npu::Launcher::ForProgram(program_text, node_name, blacklist, &why);
+//   // null: CPU path (log `why` once when it is not empty)
 // and at the top of Compute, once the output tensors are allocated:
 //   if (npu_ && npu_->Run(input_ptrs, output_ptrs, iteration_elements, &error, 0, 0, nullptr,
 //                         iteration_shape, input_num_elements)) return;
@@ -19,6 +23,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,10 +36,35 @@
 namespace tf_autofuse {
 namespace npu {
 
+// (program text, node name, precision blacklist, path out, its capacity) -> 1 when a library was
+// found or built (its path written to `path`), else 0: the CPU path.
+using Resolver = int (*)(const char* program, const char* node, const char* blacklist, char* path,
+                         int path_len);
+
+inline std::atomic<Resolver>& ResolverSlot() {
+  static std::atomic<Resolver> resolver{nullptr};
+  return resolver;
+}
+
 class Launcher {
  public:
   using LaunchFn = int (*)(const AutofuseLaunchArgs*);
   using NameFn = const char* (*)();
+
+  // The library of this program, from the registered resolver; nullptr without one, when the
+  // program has no NPU kernel (why stays empty), or when the library does not load (*why).
+  static std::unique_ptr<Launcher> ForProgram(const std::string& program, const std::string& node,
+                                              const std::string& blacklist, std::string* why) {
+    Resolver resolver = ResolverSlot().load(std::memory_order_acquire);
+    if (resolver == nullptr) return nullptr;
+    std::vector<char> path(4096, '\0');
+    if (resolver(program.c_str(), node.c_str(), blacklist.c_str(), path.data(),
+                 static_cast<int>(path.size())) != 1 || path[0] == '\0') {
+      return nullptr;
+    }
+    path.back() = '\0';
+    return Open(path.data(), why);
+  }
 
   // Loads the library; nullptr with *why when it cannot be used.
   static std::unique_ptr<Launcher> Open(const std::string& path, std::string* why) {

@@ -47,6 +47,7 @@ std::map<uintptr_t, size_t> allocations;
 std::string last_error;
 struct Stats {
   uint64_t launches = 0, last_block_dim = 0, h2d_bytes = 0, d2h_bytes = 0, mallocs = 0, frees = 0;
+  uint64_t device_info_queries = 0, capability_queries = 0;  // aclrtGetDeviceInfo, aclGetDeviceCapability
 } stats;
 
 aclError Fail(aclError code, const std::string& what) {
@@ -132,9 +133,21 @@ aclError aclrtDestroyStream(aclrtStream stream) {
     }
   return Fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyStream: unknown stream");
 }
+// CANN 8.0-8.4's device query (ACL_DEVICE_INFO_VECTOR_CORE_NUM = 1, ACL_DEVICE_INFO_AI_CORE_NUM = 0);
+// the library exports both queries, the header a launcher is built against declares one.
+aclError aclGetDeviceCapability(uint32_t, int info, int64_t* value) {
+  const char* env = std::getenv("TWIN_ACL_VECTOR_CORES");
+  int64_t cores = env ? std::atoll(env) : 40;
+  { std::lock_guard<std::mutex> l(mu); ++stats.capability_queries; }
+  if (info == 1) *value = cores;
+  else if (info == 0) *value = cores / 2;
+  else return Fail(ACL_ERROR_INVALID_PARAM, "aclGetDeviceCapability: info not modelled");
+  return ACL_SUCCESS;
+}
 aclError aclrtGetDeviceInfo(uint32_t, aclrtDevAttr attr, int64_t* value) {
   const char* env = std::getenv("TWIN_ACL_VECTOR_CORES");
   int64_t cores = env ? std::atoll(env) : 40;
+  { std::lock_guard<std::mutex> l(mu); ++stats.device_info_queries; }
   if (attr == ACL_DEV_ATTR_VECTOR_CORE_NUM) *value = cores;
   else if (attr == ACL_DEV_ATTR_AICORE_CORE_NUM) *value = cores / 2;
   else return Fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDeviceInfo: attribute not modelled");
@@ -233,5 +246,6 @@ void twinAclStats(uint64_t* out) {
   std::lock_guard<std::mutex> l(mu);
   out[0] = stats.launches; out[1] = stats.last_block_dim; out[2] = stats.h2d_bytes;
   out[3] = stats.d2h_bytes; out[4] = stats.mallocs; out[5] = stats.frees;
+  out[6] = stats.device_info_queries; out[7] = stats.capability_queries;
 }
 }

@@ -4,13 +4,24 @@
 // a chosen block count. The twin checks the hardware's rules and throws twin::Violation (the
 // runner turns it into an error message) when generated code breaks one:
 //   - UB capacity: every TPipe::InitBuffer is carved out of AUTOFUSE_UB_BYTES per core;
-//   - alignment: UB buffers start on 32-byte boundaries, DataCopy moves a multiple of 32 bytes;
-//   - queues: AllocTensor with every buffer of the queue taken, EnQue of more than the queue depth,
-//     DeQue of an empty queue, FreeTensor of a tensor still queued or freed twice, and tensors
-//     never freed when the block ends (missing FreeTensor);
+//   - alignment: UB buffers start on 32-byte boundaries, DataCopy moves a multiple of 32 bytes,
+//     every operand of a vector instruction starts on a 32-byte boundary;
+//   - queues: AllocTensor with every buffer of the queue taken, more consecutive EnQue than the
+//     queue depth (TQue<pos, depth>: the depth counts EnQue before a DeQue, not buffers, so
+//     TQue<VECIN, 1> with two buffers is double buffering), DeQue of an empty queue, FreeTensor of a
+//     tensor still queued or freed twice, and tensors never freed when the block ends;
+//   - event IDs (Atlas A2): each queue position (VECIN, VECOUT) has a pool of 8 IDs per event type.
+//     EnQue holds one (MTE2->V on VECIN, V->MTE3 on VECOUT) until its DeQue; FreeTensor holds one
+//     (V->MTE2 / MTE3->V) until that buffer's next AllocTensor (a queue hands out its buffers in
+//     turn); at most 8 tensors allocated and not yet queued (or freed) per position;
+//   - at most 64 buffers per TPipe (every buffer of every queue, and every TBuf);
 //   - bounds: every vector op, copy and GM access stays inside its tensors and allocations;
 //   - use after free: a LocalTensor used after its buffer went back to the queue;
-//   - dtypes: each vector API accepts only the types the hardware does (compile error otherwise).
+//   - dtypes: each vector API accepts only the types the hardware does (compile error otherwise);
+//     Cast float -> bfloat16_t needs a rounding mode (CAST_NONE is rejected);
+//   - advanced math: the shared temp buffer holds at least the API's factor times the operand bytes
+//     (fp32 Erf 3, Erfc 7, Sin/Cos 3, Tan 3, Atan 4, Power 4; half Erf 8, Erfc 16, Sin/Cos 8,
+//     Tan 10, Atan 12).
 // Vector results follow the API's documented meaning; 16-bit values are rounded to nearest even
 // after every instruction, as the vector unit does. Not emulated: timing, pipe overlap, the
 // exact NaN/denormal behaviour of the hardware.
@@ -131,6 +142,19 @@ struct Slot {  // one buffer of a queue, or a TBuf
   uint32_t offset = 0, bytes = 0;
   enum State { kFree, kAllocated, kQueued, kDequeued } state = kFree;
   uint64_t generation = 0;
+  bool holds_free_id = false;  // freed: holds a V->MTE2 / MTE3->V event ID until its next AllocTensor
+};
+
+// The framework's limits (Atlas A2): event IDs per queue position and event type
+// (QUE_MAX_EVENT), buffers managed by one TPipe.
+constexpr int kQueMaxEvent = 8;
+constexpr uint32_t kMaxPipeBuffers = 64;
+
+// Event IDs of one queue position (VECIN or VECOUT) in use.
+struct PositionIds {
+  int enqueued = 0;   // EnQue -> DeQue (MTE2->V on VECIN, V->MTE3 on VECOUT)
+  int freed = 0;      // FreeTensor -> the buffer's next AllocTensor (V->MTE2 / MTE3->V)
+  int allocated = 0;  // AllocTensor -> EnQue (or FreeTensor of a tensor never queued)
 };
 
 struct Block {
@@ -142,6 +166,7 @@ struct Block {
   std::vector<std::pair<uint32_t, uint32_t>> unsynced_s;  // UB written since the last V->S WaitFlag
   std::vector<std::pair<uint32_t, uint32_t>> unsynced_v;  // UB SetValue'd since the last S->V WaitFlag
   uint64_t vector_ops = 0, copies = 0;
+  PositionIds ids[2];  // VECIN, VECOUT
 };
 inline Block*& Current() {
   static thread_local Block* block = nullptr;
@@ -276,15 +301,26 @@ class TQue {
       b->errors.push_back("missing FreeTensor: a " + Name() + " queue still holds " +
                           std::to_string(held) + " tensor(s) when the block ends");
   }
+  // The buffers are handed out in turn, starting after the last one allocated.
   template <typename T>
   LocalTensor<T> AllocTensor() {
     if (slots_.empty()) twin::Fail("AllocTensor on a " + Name() + " queue before InitBuffer");
-    for (auto& s : slots_) {
-      if (s.state == twin::Slot::kFree) {
-        s.state = twin::Slot::kAllocated;
-        ++s.generation;
-        return LocalTensor<T>(&s, s.generation, s.offset, s.bytes / sizeof(T), NameC());
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      twin::Slot& s = slots_[(cursor_ + i) % slots_.size()];
+      if (s.state != twin::Slot::kFree) continue;
+      cursor_ = (cursor_ + i + 1) % slots_.size();
+      twin::PositionIds& ids = Ids();
+      if (s.holds_free_id) {  // the buffer's FreeTensor event is waited for: its ID is back
+        --ids.freed;
+        s.holds_free_id = false;
       }
+      if (++ids.allocated > twin::kQueMaxEvent)
+        twin::Fail("AllocTensor: " + std::to_string(ids.allocated) + " tensors allocated and not queued in position " +
+                   Name() + ", at most " + std::to_string(twin::kQueMaxEvent) + " (max buffer number in same "
+                   "queue position is 8)");
+      s.state = twin::Slot::kAllocated;
+      ++s.generation;
+      return LocalTensor<T>(&s, s.generation, s.offset, s.bytes / sizeof(T), NameC());
     }
     twin::Fail("AllocTensor: all " + std::to_string(slots_.size()) + " buffers of a " + Name() +
                " queue are in use (a FreeTensor is missing)");
@@ -295,7 +331,14 @@ class TQue {
     if (s->state != twin::Slot::kAllocated)
       twin::Fail("EnQue: the tensor is not freshly allocated (queued twice or already dequeued)");
     if (static_cast<int32_t>(fifo_.size()) >= depth)
-      twin::Fail("EnQue: more than the queue depth " + std::to_string(depth) + " (" + Name() + ")");
+      twin::Fail("EnQue: more consecutive EnQue than the queue depth " + std::to_string(depth) + " (" +
+                 Name() + ")");
+    twin::PositionIds& ids = Ids();
+    --ids.allocated;
+    if (++ids.enqueued > twin::kQueMaxEvent)
+      twin::Fail("EnQue: out of " + std::string(pos == TPosition::VECIN ? "MTE2->V" : "V->MTE3") +
+                 " event IDs in position " + Name() + ": current id is 8, max buffer number in same queue "
+                 "position is 8");
     s->state = twin::Slot::kQueued;
     fifo_.push_back(s);
   }
@@ -305,6 +348,7 @@ class TQue {
     twin::Slot* s = fifo_.front();
     fifo_.erase(fifo_.begin());
     s->state = twin::Slot::kDequeued;
+    --Ids().enqueued;
     return LocalTensor<T>(s, s->generation, s->offset, s->bytes / sizeof(T), NameC());
   }
   template <typename T>
@@ -312,6 +356,13 @@ class TQue {
     twin::Slot* s = Own(t, "FreeTensor");
     if (s->state == twin::Slot::kFree) twin::Fail("FreeTensor: freed twice (" + Name() + ")");
     if (s->state == twin::Slot::kQueued) twin::Fail("FreeTensor: tensor still queued, DeQue it first");
+    twin::PositionIds& ids = Ids();
+    if (s->state == twin::Slot::kAllocated) --ids.allocated;
+    if (++ids.freed > twin::kQueMaxEvent)
+      twin::Fail("FreeTensor: out of " + std::string(pos == TPosition::VECIN ? "V->MTE2" : "MTE3->V") +
+                 " event IDs in position " + Name() + " (each freed buffer holds one until its next "
+                 "AllocTensor): current id is 8, max buffer number in same queue position is 8");
+    s->holds_free_id = true;
     s->state = twin::Slot::kFree;
     ++s->generation;
   }
@@ -331,8 +382,13 @@ class TQue {
       }
     twin::Fail(std::string(api) + ": tensor does not belong to this " + Name() + " queue");
   }
+  twin::PositionIds& Ids() {
+    static_assert(pos == TPosition::VECIN || pos == TPosition::VECOUT, "the twin models VECIN and VECOUT queues");
+    return twin::Cur().ids[pos == TPosition::VECIN ? 0 : 1];
+  }
   std::vector<twin::Slot> slots_;
   std::vector<twin::Slot*> fifo_;
+  size_t cursor_ = 0;
 };
 
 template <TPosition pos>
@@ -360,9 +416,9 @@ class TPipe {
  public:
   template <TPosition pos, int32_t depth>
   void InitBuffer(TQue<pos, depth>& que, uint8_t num, uint32_t bytes) {
-    if (num < 1 || num > depth) twin::Fail("InitBuffer: buffer count " + std::to_string(num) +
-                                           " outside 1.." + std::to_string(depth));
+    if (num < 1) twin::Fail("InitBuffer: a queue needs at least one buffer");
     if (!que.slots_.empty()) twin::Fail("InitBuffer: queue initialised twice");
+    Count(num);
     que.slots_.resize(num);
     for (auto& s : que.slots_) {
       s.offset = Carve(bytes);
@@ -372,6 +428,7 @@ class TPipe {
   template <TPosition pos>
   void InitBuffer(TBuf<pos>& buf, uint32_t bytes) {
     if (buf.init_) twin::Fail("InitBuffer: TBuf initialised twice");
+    Count(1);
     buf.slot_.offset = Carve(bytes);
     buf.slot_.bytes = bytes;
     buf.slot_.state = twin::Slot::kAllocated;
@@ -379,6 +436,13 @@ class TPipe {
   }
 
  private:
+  void Count(uint32_t num) {
+    buffers_ += num;
+    if (buffers_ > twin::kMaxPipeBuffers)
+      twin::Fail("InitBuffer: Total buffer num managed by TPipe is " + std::to_string(buffers_) +
+                 ", should be in range (0, " + std::to_string(twin::kMaxPipeBuffers) + "]");
+  }
+  uint32_t buffers_ = 0;
   uint32_t Carve(uint32_t bytes) {
     twin::Block& b = twin::Cur();
     if (bytes == 0) twin::Fail("InitBuffer: zero bytes");
@@ -484,8 +548,15 @@ inline bool Overlaps(uint32_t a, uint32_t an, uint32_t b, uint32_t bn) { return 
 
 // A vector instruction reading UB written by an earlier one needs PipeBarrier<PIPE_V>() between.
 template <typename T>
+void CheckOperandAligned(const LocalTensor<T>& t, const char* api) {
+  if (t.UbOffset() % 32)
+    twin::Fail(std::string(api) + ": vector operand at UB offset " + std::to_string(t.UbOffset()) +
+               " is not 32-byte aligned");
+}
+template <typename T>
 void Read(const LocalTensor<T>& t, int32_t count, const char* api) {
   if (count < 0) twin::Fail(std::string(api) + ": negative count");
+  CheckOperandAligned(t, api);
   t.Data(static_cast<uint32_t>(count), api);
   uint32_t bytes = count * sizeof(T);
   for (auto& d : twin::Cur().dirty)
@@ -500,6 +571,7 @@ void Read(const LocalTensor<T>& t, int32_t count, const char* api) {
 template <typename T>
 T* Write(const LocalTensor<T>& t, int32_t count, const char* api) {
   if (count < 0) twin::Fail(std::string(api) + ": negative count");
+  CheckOperandAligned(t, api);
   T* p = t.Data(static_cast<uint32_t>(count), api);
   ++twin::Cur().vector_ops;
   return p;
@@ -726,6 +798,8 @@ void Cast(LocalTensor<D>& dst, const LocalTensor<S>& src, const RoundMode& mode,
   if (up && mode != RoundMode::CAST_NONE) twin::Fail("Cast: a widening cast takes CAST_NONE");
   if (down && mode != RoundMode::CAST_RINT && mode != RoundMode::CAST_NONE)
     twin::Fail("Cast: the twin models round-to-nearest-even narrowing only");
+  if (std::is_same<D, bfloat16_t>::value && mode == RoundMode::CAST_NONE)
+    twin::Fail("Cast float->bfloat16_t: CAST_NONE is not supported, give a rounding mode (CAST_RINT)");
   detail::Convert(dst, src, static_cast<int32_t>(count), [&](auto v) { return D(static_cast<float>(v)); });
 }
 
@@ -791,19 +865,20 @@ void AdvUnary(LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<uint
   Unary(d, s, n, api, f);
 }
 }  // namespace detail
-#define TWIN_ADV_UNARY(NAME, NODES, FN)                                                                  \
+// F32 / F16: the temp buffer's minimum, in multiples of the operand's bytes, for float / half.
+#define TWIN_ADV_UNARY(NAME, F32, F16, FN)                                                               \
   template <typename T, bool isReuseSource = false>                                                      \
   void NAME(LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<uint8_t>& tmp, const uint32_t n) { \
     TWIN_FLOAT_ONLY(T, #NAME);                                                                           \
-    detail::AdvUnary(d, s, tmp, n, std::is_same<T, float>::value ? NODES : 2 * NODES, #NAME,            \
+    detail::AdvUnary(d, s, tmp, n, std::is_same<T, float>::value ? F32 : F16, #NAME,                    \
                      [](float x) { return FN; });                                                        \
   }
-TWIN_ADV_UNARY(Erf, 3, std::erf(x))
-TWIN_ADV_UNARY(Erfc, 7, std::erfc(x))
-TWIN_ADV_UNARY(Sin, 3, std::sin(x))
-TWIN_ADV_UNARY(Cos, 3, std::cos(x))
-TWIN_ADV_UNARY(Tan, 4, std::tan(x))
-TWIN_ADV_UNARY(Atan, 5, std::atan(x))
+TWIN_ADV_UNARY(Erf, 3, 8, std::erf(x))
+TWIN_ADV_UNARY(Erfc, 7, 16, std::erfc(x))
+TWIN_ADV_UNARY(Sin, 3, 8, std::sin(x))
+TWIN_ADV_UNARY(Cos, 3, 8, std::cos(x))
+TWIN_ADV_UNARY(Tan, 3, 10, std::tan(x))
+TWIN_ADV_UNARY(Atan, 4, 12, std::atan(x))
 #undef TWIN_ADV_UNARY
 // Power(tensor, tensor): fp32 needs 4 live nodes + 256 bytes.
 template <typename T, bool isReuseSource = false>

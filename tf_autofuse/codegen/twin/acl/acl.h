@@ -15,8 +15,16 @@ static const aclError ACL_ERROR_RT_AICORE_EXCEPTION = 507015;
 typedef enum { ACL_MEM_MALLOC_HUGE_FIRST = 0, ACL_MEM_MALLOC_HUGE_ONLY = 1, ACL_MEM_MALLOC_NORMAL_ONLY = 2 } aclrtMemMallocPolicy;
 typedef enum { ACL_MEMCPY_HOST_TO_HOST = 0, ACL_MEMCPY_HOST_TO_DEVICE = 1, ACL_MEMCPY_DEVICE_TO_HOST = 2,
                ACL_MEMCPY_DEVICE_TO_DEVICE = 3 } aclrtMemcpyKind;
+#if defined(AUTOFUSE_CANN_ROUTE) && AUTOFUSE_CANN_ROUTE == 8
+// CANN 8.0-8.4: the device is asked with aclGetDeviceCapability; aclrtGetDeviceInfo and
+// ACL_DEV_ATTR_* do not exist yet (a launcher using them does not compile against this header).
+typedef enum { ACL_DEVICE_INFO_AI_CORE_NUM = 0, ACL_DEVICE_INFO_VECTOR_CORE_NUM = 1,
+               ACL_DEVICE_INFO_L2_SIZE = 2 } aclDeviceInfo;
+#else
+// CANN 8.5 / 9.x: aclrtGetDeviceInfo with ACL_DEV_ATTR_*.
 typedef enum { ACL_DEV_ATTR_AICPU_CORE_NUM = 1, ACL_DEV_ATTR_AICORE_CORE_NUM = 101,
                ACL_DEV_ATTR_VECTOR_CORE_NUM = 201 } aclrtDevAttr;
+#endif
 
 extern "C" {
 aclError aclInit(const char* config_path);
@@ -27,7 +35,11 @@ aclError aclrtGetCurrentContext(aclrtContext* context);
 aclError aclrtSetCurrentContext(aclrtContext context);
 aclError aclrtCreateStream(aclrtStream* stream);
 aclError aclrtDestroyStream(aclrtStream stream);
+#if defined(AUTOFUSE_CANN_ROUTE) && AUTOFUSE_CANN_ROUTE == 8
+aclError aclGetDeviceCapability(uint32_t device_id, aclDeviceInfo info, int64_t* value);
+#else
 aclError aclrtGetDeviceInfo(uint32_t device_id, aclrtDevAttr attr, int64_t* value);
+#endif
 aclError aclrtMalloc(void** dev_ptr, size_t size, aclrtMemMallocPolicy policy);
 aclError aclrtFree(void* dev_ptr);
 aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count, aclrtMemcpyKind kind);
