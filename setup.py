@@ -9,6 +9,7 @@ ship too: a TensorFlow changed after the install is built for on first import.
 """
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -23,6 +24,7 @@ def _build_module():
     spec = importlib.util.spec_from_file_location("tf_autofuse_build",
                                                   HERE / "tf_autofuse" / "_build.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

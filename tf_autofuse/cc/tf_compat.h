@@ -8,7 +8,10 @@
 #ifndef TF_AUTOFUSE_CC_TF_COMPAT_H_
 #define TF_AUTOFUSE_CC_TF_COMPAT_H_
 
+#include <cstdint>
+
 #include "Eigen/Core"
+#include "tensorflow/core/platform/threadpool.h"
 #include "tensorflow/core/public/version.h"
 
 #define TF_AUTOFUSE_TF_AT_LEAST(major, minor) \
@@ -30,6 +33,19 @@ inline Packet TwoProdLow(const Packet& x, const Packet& y, const Packet& xy) {
   Eigen::internal::twoprod(x, y, hi, lo);
   (void)xy;
   return lo;
+#endif
+}
+
+// ThreadPool::ParallelFor's adaptive sharding for work of `cost_per_unit` cycles per item. Before
+// TensorFlow 2.20 SchedulingParams has only its constructor, which later releases deprecate in
+// favour of the named factory.
+inline tensorflow::thread::ThreadPool::SchedulingParams AdaptiveScheduling(int64_t cost_per_unit) {
+  using Params = tensorflow::thread::ThreadPool::SchedulingParams;
+#if TF_AUTOFUSE_TF_AT_LEAST(2, 20)
+  return Params::Adaptive(cost_per_unit);
+#else
+  return Params(tensorflow::thread::ThreadPool::SchedulingStrategy::kAdaptive, cost_per_unit,
+                absl::nullopt);
 #endif
 }
 
