@@ -386,6 +386,7 @@ def build_for_install(dest: Path, log: Callable[[str], None] = print) -> bool:
     TensorFlow of the target environment, with a manifest. Returns False, having said why, when
     there is nothing to build against (no TensorFlow visible, TF_AUTOFUSE_BUILD=none): the
     package then builds on first import. A TensorFlow outside the supported range raises."""
+    shutil.rmtree(dest, ignore_errors=True)  # what an earlier build left must not ship
     mode = build_mode()
     if mode == "none":
         log(f"tf_autofuse: {BUILD_ENV}=none: no kernel library built now; the first import "

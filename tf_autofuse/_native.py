@@ -104,3 +104,10 @@ def register_cpu_plugin() -> str:
     load()
     code = _cdll.autofuse_register_cpu_plugin()
     return {0: "registered", 1: "already registered", 2: "taken"}[code]
+
+
+def cpu_plugin_slot() -> str:
+    """Who holds TensorFlow's CPU plugin slot, without taking it: "free", "tf_autofuse" or
+    "another plugin"."""
+    load()
+    return {0: "free", 1: "tf_autofuse", 2: "another plugin"}[_cdll.autofuse_cpu_plugin_slot()]
