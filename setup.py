@@ -37,7 +37,8 @@ class BuildPyWithKernels(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        _build_module().build_for_install(Path(self.build_lib) / "tf_autofuse" / "_lib",
+        # from the copy that ships, so that the manifest's digest is of the installed sources
+        _build_module().build_for_install(Path(self.build_lib) / "tf_autofuse",
                                           log=lambda line: print(line, flush=True))
 
 

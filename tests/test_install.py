@@ -77,10 +77,10 @@ def test_no_tensorflow_in_the_target_means_no_library_and_says_why(tmp_path, mon
     target, why = _build.install_target()
     assert target is None and "cannot import tensorflow" in why
     said = []
-    dest = tmp_path / "lib"
+    dest = tmp_path / "_lib"
     dest.mkdir()
     (dest / "stale.so").write_text("from an earlier build")
-    assert _build.build_for_install(dest, log=said.append) is False
+    assert _build.build_for_install(tmp_path, log=said.append) is False
     assert not dest.exists(), "an earlier build's files would ship"
     assert "no kernel library built at install" in said[0] and _build.PYTHON_ENV in said[0]
 
@@ -204,7 +204,7 @@ def test_library_built_at_install_imports_without_a_compiler(tmp_path):
               f"b = importlib.util.module_from_spec(spec); sys.modules['b'] = b\n"
               f"spec.loader.exec_module(b)\n"
               f"b.portable_levels = lambda: [{level!r}]\n"
-              f"assert b.build_for_install(b.PREBUILT_DIR)\n"
+              f"assert b.build_for_install(b.PACKAGE_DIR)\n"
               f"assert 'tensorflow' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", loader], env=env, check=True, timeout=1800,
                    cwd=tmp_path, capture_output=True)

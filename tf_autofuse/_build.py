@@ -43,7 +43,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "cc"
 # The NPU dispatch headers the op kernel includes (npu_dispatch.h loads a generated kernel
 # library with dlopen; autofuse_launch.h is the ABI shared with the generated launchers).
-HOST_DIR = PACKAGE_DIR / "codegen" / "host"
+HOST_SUBDIR = Path("codegen") / "host"
+HOST_DIR = PACKAGE_DIR / HOST_SUBDIR
 PREBUILT_DIR = PACKAGE_DIR / "_lib"
 MANIFEST = "build.json"
 CACHE_ENV = "TF_AUTOFUSE_CACHE_DIR"
@@ -210,21 +211,24 @@ def install_target() -> tuple[Optional[Target], str]:
 # ---------------------------------------------------------------------------------------------
 # Sources, compiler, instruction sets
 
-def sources() -> list[Path]:
+def sources(package: Path = PACKAGE_DIR) -> list[Path]:
     """The translation units: every .cc under cc/, subfolders included."""
-    return sorted(SOURCE_DIR.rglob("*.cc"))
+    return sorted((package / "cc").rglob("*.cc"))
 
 
-def _inputs() -> list[Path]:
+def _inputs(package: Path) -> list[Path]:
     """Everything the library is compiled from (sources, headers, the NPU host headers)."""
-    return sorted(p for p in [*SOURCE_DIR.rglob("*"), *HOST_DIR.glob("*.h")]
+    return sorted(p for p in [*(package / "cc").rglob("*"),
+                              *(package / HOST_SUBDIR).glob("*.h")]
                   if p.suffix in (".cc", ".h") and p.is_file())
 
 
-def source_digest() -> str:
+def source_digest(package: Path = PACKAGE_DIR) -> str:
+    """A digest of the sources of the package at `package` (an installed one, or one being
+    built: the install compiles the copy that ships and digests that same copy)."""
     digest = hashlib.sha256()
-    for path in _inputs():
-        digest.update(path.relative_to(PACKAGE_DIR).as_posix().encode())
+    for path in _inputs(package):
+        digest.update(path.relative_to(package).as_posix().encode())
         digest.update(b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
@@ -351,13 +355,17 @@ def _raise_on_failure(running: list, cxx: str, where: Path) -> None:
                              f"{' '.join(cmd)}\n{output}")
 
 
-def compile_libraries(cxx: str, target: Target, outputs: dict, workdir: Path) -> None:
-    """Build one library per level: outputs maps a level (see level_flags) to its .so path.
-    Object files go to workdir; all levels' sources compile in one pool of jobs."""
+def compile_libraries(cxx: str, target: Target, outputs: dict, workdir: Path,
+                      package: Path = PACKAGE_DIR) -> None:
+    """Build one library per level from the sources of the package at `package`: outputs maps a
+    level (see level_flags) to its .so path. Object files go to workdir; all levels' sources
+    compile in one pool of jobs."""
     check_supported(target.version)
     # (A generated-sources step, writing into workdir, fits here, before the list is taken.)
-    units = sources()
-    include = [f"-I{target.python_include}", f"-I{HOST_DIR}", f"-I{SOURCE_DIR}"]
+    source_dir = package / "cc"
+    units = sources(package)
+    include = [f"-I{target.python_include}",
+               f"-I{package / HOST_SUBDIR}", f"-I{source_dir}"]
     compiles, links = [], []
     for level, out in outputs.items():
         objdir = workdir / level
@@ -365,7 +373,7 @@ def compile_libraries(cxx: str, target: Target, outputs: dict, workdir: Path) ->
         arch = level_flags(level, cxx)
         objects = []
         for src in units:
-            obj = objdir / (src.relative_to(SOURCE_DIR).as_posix().replace("/", "__")[:-3] + ".o")
+            obj = objdir / (src.relative_to(source_dir).as_posix().replace("/", "__")[:-3] + ".o")
             objects.append(str(obj))
             compiles.append((f"compiling {src.name}" + (f" for {level}" if len(outputs) > 1 else ""),
                              [cxx, *target.compile_flags, *_opt_flags(src.name), *arch, *include,
@@ -381,11 +389,13 @@ def compile_libraries(cxx: str, target: Target, outputs: dict, workdir: Path) ->
 # ---------------------------------------------------------------------------------------------
 # Built at install
 
-def build_for_install(dest: Path, log: Callable[[str], None] = print) -> bool:
-    """Compile the libraries into dest (the package's _lib/ in the wheel being built) for the
-    TensorFlow of the target environment, with a manifest. Returns False, having said why, when
-    there is nothing to build against (no TensorFlow visible, TF_AUTOFUSE_BUILD=none): the
-    package then builds on first import. A TensorFlow outside the supported range raises."""
+def build_for_install(package: Path, log: Callable[[str], None] = print) -> bool:
+    """Compile the libraries of the package copy at `package` (the one the wheel ships) into its
+    _lib/, for the TensorFlow of the target environment, with a manifest. Returns False, having
+    said why, when there is nothing to build against (no TensorFlow visible,
+    TF_AUTOFUSE_BUILD=none): the package then builds on first import. A TensorFlow outside the
+    supported range raises UnsupportedTensorFlow."""
+    dest = package / PREBUILT_DIR.name
     shutil.rmtree(dest, ignore_errors=True)  # what an earlier build left must not ship
     mode = build_mode()
     if mode == "none":
@@ -408,8 +418,8 @@ def build_for_install(dest: Path, log: Callable[[str], None] = print) -> bool:
     libraries = {level: f"libtf_autofuse_{level.replace('-', '_')}.so" for level in levels}
     with tempfile.TemporaryDirectory() as work:
         compile_libraries(cxx, target, {lv: dest / name for lv, name in libraries.items()},
-                          Path(work))
-    manifest = {"abi": target.abi(), "sources": source_digest(), "libraries": libraries,
+                          Path(work), package)
+    manifest = {"abi": target.abi(), "sources": source_digest(package), "libraries": libraries,
                 "compiler": _compiler_version(cxx), "mode": mode}
     if mode == NATIVE:
         manifest["cpu_flags"] = sorted(cpu_flags())
