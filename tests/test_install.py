@@ -199,8 +199,9 @@ def test_library_built_at_install_imports_without_a_compiler(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("AUTOFUSE_FLAGS", "CXX")}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(package.parent), TF_AUTOFUSE_BUILD="")
     # as setup.py does: _build on its own, without importing the package (and TensorFlow)
+    source = str(package / "_build.py")
     loader = (f"import importlib.util, sys\n"
-              f"spec = importlib.util.spec_from_file_location('b', {str(package / '_build.py')!r})\n"
+              f"spec = importlib.util.spec_from_file_location('b', {source!r})\n"
               f"b = importlib.util.module_from_spec(spec); sys.modules['b'] = b\n"
               f"spec.loader.exec_module(b)\n"
               f"b.portable_levels = lambda: [{level!r}]\n"

@@ -375,7 +375,8 @@ def compile_libraries(cxx: str, target: Target, outputs: dict, workdir: Path,
         for src in units:
             obj = objdir / (src.relative_to(source_dir).as_posix().replace("/", "__")[:-3] + ".o")
             objects.append(str(obj))
-            compiles.append((f"compiling {src.name}" + (f" for {level}" if len(outputs) > 1 else ""),
+            what = f"compiling {src.name}" + (f" for {level}" if len(outputs) > 1 else "")
+            compiles.append((what,
                              [cxx, *target.compile_flags, *_opt_flags(src.name), *arch, *include,
                               "-c", str(src), "-o", str(obj)]))
         sanitizers = _SANITIZE_FLAGS[:1] if sanitize() else []
@@ -489,11 +490,11 @@ def cache_dir() -> Path:
 
 def build_key(cxx: str, target: Target) -> str:
     digest = hashlib.sha256()
+    unsanitized = " ".join(sorted(_UNSANITIZED_SOURCES))
     for part in (target.version, sys.version, _compiler_version(cxx),
                  " ".join(target.compile_flags), " ".join(target.link_flags),
                  " ".join(_opt_flags() + level_flags(NATIVE, cxx)), " ".join(sorted(cpu_flags())),
-                 *(["unsanitized: " + " ".join(sorted(_UNSANITIZED_SOURCES))] if sanitize() else []),
-                 source_digest()):
+                 *([f"unsanitized: {unsanitized}"] if sanitize() else []), source_digest()):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:20]
