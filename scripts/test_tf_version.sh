@@ -19,12 +19,20 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 before=$("${PIP[@]}" list --format=freeze | sort)
 "${PIP[@]}" install "$ROOT"
 after=$("${PIP[@]}" list --format=freeze | sort)
-changed=$(comm -13 <(echo "$before") <(echo "$after") | grep -v '^tf.autofuse==' || true)
+changed=$(comm -13 <(echo "$before") <(echo "$after") | grep -v -i '^tf.autofuse==' || true)
 if [ -n "$changed" ]; then
-  echo "FAIL: installing tf_autofuse changed other packages:" >&2; echo "$changed" >&2; exit 1
+  echo "FAIL: installing tf_autofuse changed other packages:" >&2
+  echo "$changed" >&2
+  exit 1
 fi
-providers=$("$VENV/bin/python" -c "import importlib.metadata as m; print(' '.join(sorted(set(m.packages_distributions()['tensorflow']))))")
-[ "$providers" = "tensorflow-cpu" ] || { echo "FAIL: tensorflow provided by: $providers" >&2; exit 1; }
+# the distributions installing the `tensorflow` package, names normalised (PEP 503)
+providers=$("$VENV/bin/python" -c "
+import importlib.metadata as m, re
+names = m.packages_distributions().get('tensorflow', [])
+print(' '.join(sorted({re.sub(r'[-_.]+', '-', n).lower() for n in names})))")
+if [ "$providers" != "tensorflow-cpu" ]; then
+  echo "FAIL: the tensorflow package is provided by: ${providers:-nothing}" >&2; exit 1
+fi
 echo "tensorflow-cpu $VERSION is the only TensorFlow after the install"
 
 work=$(mktemp -d)
@@ -36,10 +44,13 @@ cd "$work"
 "$VENV/bin/python" -m tf_autofuse doctor
 for example in "$ROOT"/examples/tensorflow/af_tf_*/test_*.py; do
   for mode in tf1 tf2-compat; do
-    out=$(AUTOFUSE_FLAGS=--enable_autofuse=true "$VENV/bin/python" "$example" --mode "$mode" --steps 3)
-    echo "$out" | grep -q "AutofuseKernel *autofuse_" \
-      || { echo "FAIL: $(basename "$example") --mode $mode ran no fused kernel:" >&2; echo "$out" >&2; exit 1; }
-    echo "fused: $(basename "$example") --mode $mode: $(echo "$out" | grep -o 'autofuse_[A-Za-z0-9_]*' | sort -u | tr '\n' ' ')"
+    name="$(basename "$example") --mode $mode"
+    out=$(AUTOFUSE_FLAGS=--enable_autofuse=true "$VENV/bin/python" "$example" --mode "$mode" \
+          --steps 3 2>&1)
+    if ! echo "$out" | grep -q "AutofuseKernel *autofuse_"; then
+      echo "FAIL: $name ran no fused kernel:" >&2; echo "$out" >&2; exit 1
+    fi
+    echo "fused: $name: $(echo "$out" | grep -o 'autofuse_[A-Za-z0-9_]*' | sort -u | tr '\n' ' ')"
   done
 done
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests/test_plugin.py" "$ROOT/tests/test_api.py"
