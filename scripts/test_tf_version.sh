@@ -45,7 +45,8 @@ cd "$work"
 for example in "$ROOT"/examples/tensorflow/af_tf_*/test_*.py; do
   for mode in tf1 tf2-compat; do
     name="$(basename "$example") --mode $mode"
-    out=$(AUTOFUSE_FLAGS=--enable_autofuse=true "$VENV/bin/python" "$example" --mode "$mode" \
+    out=$(AUTOFUSE_FLAGS="--enable_autofuse=true;--autofuse_enable_pass=reduce" \
+          "$VENV/bin/python" "$example" --mode "$mode" \
           --steps 3 2>&1)
     if ! echo "$out" | grep -q "AutofuseKernel *autofuse_"; then
       echo "FAIL: $name ran no fused kernel:" >&2; echo "$out" >&2; exit 1
