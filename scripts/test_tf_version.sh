@@ -48,7 +48,9 @@ for example in "$ROOT"/examples/tensorflow/af_tf_*/test_*.py; do
     out=$(AUTOFUSE_FLAGS="--enable_autofuse=true;--autofuse_enable_pass=reduce" \
           "$VENV/bin/python" "$example" --mode "$mode" \
           --steps 3 2>&1)
-    if ! echo "$out" | grep -q "AutofuseKernel *autofuse_"; then
+    # a here-string, not a pipe: grep -q exits at the first match, and under pipefail the
+    # echo feeding it would die of SIGPIPE and fail the check
+    if ! grep -q "AutofuseKernel *autofuse_" <<< "$out"; then
       echo "FAIL: $name ran no fused kernel:" >&2; echo "$out" >&2; exit 1
     fi
     echo "fused: $name: $(echo "$out" | grep -o 'autofuse_[A-Za-z0-9_]*' | sort -u | tr '\n' ' ')"
