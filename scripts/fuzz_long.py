@@ -2,6 +2,7 @@
 """The long equivalence fuzz: random graphs, fused vs unfused vs float64 (docs/CORRECTNESS.md).
 
     python scripts/fuzz_long.py --graphs 10000 --seed 1 [--minutes 20] [--features all]
+    python scripts/fuzz_long.py --seed commit     # the seed CI draws from HEAD (fuzz_seed.py)
 
 Draws graphs with the generator of tests/test_random_graphs.py from a seeded numpy RNG (graph i
 of seed S is always the same graph), checks each with `check_spec` (structure, NaN/Inf places,
@@ -29,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+import fuzz_seed  # noqa: E402
 import test_random_graphs as rg  # noqa: E402
 
 
@@ -47,7 +49,8 @@ def features_from(text: str) -> "rg.Features":
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graphs", type=int, default=10000)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", default="1",
+                        help="an integer, or 'commit': the seed drawn from HEAD, as CI does")
     parser.add_argument("--minutes", type=float, default=0, help="stop after this long (0: never)")
     parser.add_argument("--only", type=int, default=None, help="run graph I of the seed only")
     parser.add_argument("--features", default="all",
@@ -55,6 +58,14 @@ def main() -> int:
     parser.add_argument("--max-failures", type=int, default=20)
     args = parser.parse_args()
     features = features_from(args.features)
+    if args.seed == "commit":
+        args.seed, source = fuzz_seed.commit_seed()
+        print(f"fuzz_long: seed {args.seed} ({source})", flush=True)
+    else:
+        try:
+            args.seed = int(args.seed)
+        except ValueError:
+            parser.error(f"--seed takes an integer or 'commit', not {args.seed!r}")
     started = time.monotonic()
     done = fused = reduced = elements = unstable = 0
     failures = []

@@ -205,3 +205,26 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
     message = harness.plot({"summary": {}, "modes": []}, str(tmp_path / "p.png"))
     assert "matplotlib is not installed" in message and "pip install matplotlib" in message
     assert not (tmp_path / "p.png").exists()
+
+
+def test_report_writes_the_performance_page_from_the_json(smoke, tmp_path):
+    """benchmarks/report.py: every workload a row with every mode's time, the ratios of the same
+    run (autofuse's time against each other mode's), the command and the machine."""
+    from benchmarks import report
+
+    names, _, data = smoke
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    out = tmp_path / "PERFORMANCE.md"
+    assert report.main([str(tmp_path / "run.json"), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert data["command"] in text and data["machine"] in text
+    times = text.split("Median step time", 1)[1].split("First step", 1)[0]
+    rows = {line.split(" | ")[0].lstrip("| ").split(" (")[0]: line.split(" | ")
+            for line in times.splitlines() if line.startswith("| ")}
+    for name in names:
+        row = data["summary"][name]
+        cells = rows[name]
+        for i, mode in enumerate(MODES, start=1):
+            assert cells[i].startswith(harness.format_ms(row[mode]["median_ms"])), (name, mode)
+        want = row["xla"]["median_ms"] / row["autofuse"]["median_ms"]
+        assert f"{want:.2f}x" in cells, (name, cells)

@@ -1,4 +1,4 @@
-"""Faults: the pass or its library fails, the program goes on (invariant 3 of DESIGN.md).
+"""Faults: the pass or its library fails, the program goes on (docs/DESIGN.md, invariant 3).
 
 Each case runs in its own Python with its own cache directory, since the library is built and
 loaded once per process at import: a compiler that fails (`CXX=false`), no compiler at all, a

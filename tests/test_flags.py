@@ -122,7 +122,7 @@ def test_pass_lists():
     ("--max_input_nums_after_fuse=", ["--max_input_nums_after_fuse", "empty"]),
     ("--skip_node_names_cfg=/tmp/x.ini", ["--skip_node_names_cfg", "AUTOFUSE_DFX_FLAGS"]),
 ])
-def test_bad_new_flags_name_the_key(main, words):
+def test_bad_pass_limit_and_skip_flags_name_the_key(main, words):
     with pytest.raises(FlagError) as err:
         read(main)
     for word in words:
@@ -157,7 +157,7 @@ def test_skip_cfg_errors_name_the_flag_and_the_file(tmp_path):
         read(dfx="--skip_node_names_cfg=")
 
 
-def test_parameter_map_overrides_new_flags(tmp_path):
+def test_parameter_map_overrides_passes_limits_and_the_skip_list(tmp_path):
     cfg = tmp_path / "skip.ini"
     cfg.write_text("[ByNodeType]\nExp\n")
     got = Flags().with_overrides({"autofuse_enable_pass": "reduce",

@@ -972,12 +972,13 @@ def _reduce_reference(node, x, e, u, dtype: str, by_tf: bool):
     if op == "Prod":
         # The true product of finite values: 0 when one is 0, where numpy's float64 product may
         # have overflowed first (inf * 0 = NaN), and exp(sum of logs) where it over- or
-        # underflowed although the product itself fits.
+        # underflowed although the product itself fits. Its sign is that of every factor's
+        # sign bit, -0.0 included (a zero product is -0.0 after an odd number of them).
         all_finite = np.all(finite, **kw)
         has_zero = np.any(x == 0, **kw)
-        sign = np.prod(np.sign(np.where(x == 0, 1.0, np.where(finite, x, 1.0))), **kw)
-        robust = np.where(has_zero, 0.0,
-                          sign * np.exp(np.sum(np.log(np.where(x == 0, 1.0, magnitude)), **kw)))
+        sign = np.prod(np.copysign(1.0, np.where(finite, x, 1.0)), **kw)
+        robust = sign * np.where(has_zero, 0.0, np.exp(
+            np.sum(np.log(np.where(x == 0, 1.0, magnitude)), **kw)))
         r = np.where(all_finite & (has_zero | ~np.isfinite(r) | (r == 0)), robust, r)
         # |prod(x + d) - prod(x)| <= prod(|x| + e) - prod(|x|), exactly (expand the product);
         # the n - 1 roundings add gamma_n of the computed magnitude, prod(|x| + e) at most
@@ -1132,15 +1133,27 @@ def _node_reference(node, xs, es, us, dtype: str, by_tf: bool):
     return r, e, u | _edges(r, e, dtype)
 
 
+def _beyond_range(r, e, dtype: str):
+    """Where a 16-bit value may lie beyond its type's range: stored (at a kernel's output, or
+    by TensorFlow's own op) it is +-inf, inside a fused kernel, which computes in f32, it stays
+    finite. Which of the two its readers see depends on where the partition puts the kernel
+    boundaries, so everything computed from it is unstable."""
+    if COMPUTE.get(dtype, dtype) == dtype:
+        return False
+    a = np.abs(r)
+    return np.isfinite(a) & (a + e + ulp(r, dtype) > _MAX[dtype])
+
+
 def reference(spec: GraphSpec, data: dict, tf_nodes=None):
     """Per value: (value, bound E, unstable mask). f64 for floats, wrapped int64 for i32, bool.
 
     tf_nodes: indices of nodes TensorFlow itself computed in the fused run (left unfused, or
     constant-folded); None: all of them may be. For 16-bit types such a node may be off by
     TF_16BIT_ULPS of the stored type, a fused one by half an ulp (its one rounding); a reduction
-    TensorFlow computed accumulates in TensorFlow's accumulator type.
+    TensorFlow computed accumulates in TensorFlow's accumulator type. The readers of a 16-bit
+    value beyond its type's range are unstable (_beyond_range).
     """
-    vals, bounds, unstable = [], [], []
+    vals, bounds, unstable, beyond = [], [], [], []
     for v, item in enumerate(spec.values):
         dtype = spec.dtype_of(v)
         if isinstance(item, Input) or v in spec.fed:
@@ -1148,13 +1161,15 @@ def reference(spec: GraphSpec, data: dict, tf_nodes=None):
             vals.append(x.astype({"i32": np.int64, "bool": bool}.get(dtype, np.float64)))
             bounds.append(np.zeros(x.shape))
             unstable.append(np.zeros(x.shape, bool))
+            beyond.append(False)
             continue
         by_tf = tf_nodes is None or v in tf_nodes
         operands = item.operands
         with np.errstate(all="ignore"):
             r, e, u = _node_reference(item, [vals[o] for o in operands],
                                       [bounds[o] for o in operands],
-                                      [unstable[o] for o in operands], dtype, by_tf)
+                                      [unstable[o] | beyond[o] for o in operands], dtype, by_tf)
+            beyond.append(_beyond_range(r, e, dtype))
         vals.append(np.asarray(r))
         bounds.append(np.asarray(e, np.float64))
         unstable.append(np.asarray(u, bool))

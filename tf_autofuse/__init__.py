@@ -19,13 +19,14 @@ from ._warn import AutofuseWarning, warn_once
 from .flags import FlagError, Flags
 from .fuser import (ConfigError, FusedGraph, Fuser, FuserConfig, fuse, register_pattern,
                     registered_patterns, unregister_pattern)
+from .rewriter.errors import AutofuseError
 from .rewriter.patterns import Pattern, PatternGraph
 from .rewriter.scope import disable_autofuse
 
 __version__ = "0.1.0"
 OPTIMIZER_NAME = "AutofuseOptimizer"
 
-__all__ = ["AutofuseWarning", "BuildError", "ConfigError", "FlagError", "Flags", "FusedGraph",
+__all__ = ["AutofuseError", "AutofuseWarning", "BuildError", "ConfigError", "FlagError", "Flags", "FusedGraph",
            "Fuser", "FuserConfig", "OPTIMIZER_NAME", "Pattern", "PatternGraph", "compat",
            "config", "disable_autofuse", "fuse", "is_available", "ops", "register_pattern",
            "registered_patterns", "unregister_pattern"]

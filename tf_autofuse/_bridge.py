@@ -3,7 +3,7 @@
 `optimize` gets the serialized GraphDef, the nodes Grappler must preserve, the fed nodes,
 statically inferred shapes and the session's parameter_map, and returns the rewritten
 GraphDef's bytes, or None for "leave the graph as it is". It never raises: any failure
-becomes one AutofuseWarning and the graph runs unfused (invariant 3 of DESIGN.md).
+becomes one AutofuseWarning and the graph runs unfused (docs/DESIGN.md, invariant 3).
 The rewrite is the Python API's: `Fuser.from_flags(flags)`, with the patterns registered by
 tf_autofuse.register_pattern.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
-import traceback
 
 from tensorflow.core.framework import graph_pb2
 
@@ -22,6 +21,8 @@ from ._warn import warn_once
 from .codegen import cann
 from .flags import Flags
 from .fuser import Fuser
+from .rewriter import errors
+from .rewriter.errors import AutofuseError
 
 _process_flags = Flags()
 
@@ -108,8 +109,9 @@ def _optimize(graph_bytes: bytes, preserve, feeds, shapes, params, source: str):
             return None
         cann.attach_npu_libraries(result.graph_def, blacklist=flags.autofuse_enhance_precision_blacklist)
         return result.graph_def.SerializeToString(deterministic=True)
+    except AutofuseError as err:  # names the phase, node and line itself
+        warn_once(f"the fusion pass failed and this graph runs unfused: {err}")
+        return None
     except Exception as err:  # noqa: BLE001 - the pass must never break a session
-        where = traceback.extract_tb(err.__traceback__)[-1]
-        warn_once(f"the fusion pass failed and this graph runs unfused: "
-                  f"{type(err).__name__}: {err} (at {where.filename}:{where.lineno})")
+        warn_once(f"the fusion pass failed and this graph runs unfused: {errors.describe(err)}")
         return None

@@ -13,6 +13,8 @@ import dataclasses
 import os
 from typing import Callable, Mapping, Optional
 
+from .rewriter.partition import Policy
+
 FLAGS_ENV = "AUTOFUSE_FLAGS"
 DFX_FLAGS_ENV = "AUTOFUSE_DFX_FLAGS"
 
@@ -146,12 +148,14 @@ class _Spec:
         return self.accepted() if callable(self.accepted) else self.accepted
 
 
+_POLICY = Policy()  # the fusion limits' defaults are the partitioner's (rewriter/partition.py)
+
 _SPECS: dict[str, _Spec] = {
     "enable_autofuse": _Spec(
         FLAGS_ENV, _parse_bool, "true or false", False,
         "turn fusion on for every graph in the process"),
     "max_fusion_size": _Spec(
-        FLAGS_ENV, _parse_count, "an integer >= 0", 64,
+        FLAGS_ENV, _parse_count, "an integer >= 0", _POLICY.max_fusion_size,
         "most compute ops in one fused kernel; 0 turns fusion off"),
     "codegen_compile_debug": _Spec(
         DFX_FLAGS_ENV, _parse_bool, "true or false", False,
@@ -166,15 +170,15 @@ _SPECS: dict[str, _Spec] = {
         FLAGS_ENV, _parse_passes, "a comma-separated list of pointwise, reduce", (),
         "fusion passes to turn off (disabling pointwise turns all fusion off)"),
     "recomputation_threshold": _Spec(
-        FLAGS_ENV, _parse_count, "an integer >= 0", 0,
+        FLAGS_ENV, _parse_count, "an integer >= 0", _POLICY.recomputation_threshold,
         "most compute ops a fused kernel recomputes instead of reading another kernel's "
         "extra output; 0 never recomputes"),
     "max_input_nums_after_fuse": _Spec(
-        FLAGS_ENV, _parse_positive, "an integer >= 1", 8,
+        FLAGS_ENV, _parse_positive, "an integer >= 1", _POLICY.max_inputs,
         "most distinct inputs of one fused kernel"),
     "cost_model": _Spec(
         FLAGS_ENV, _parse_cost_model, "one of " + ", ".join(COST_MODELS), "none",
-        "the partitioner's cost model (README, API: cost models); none fuses whatever the "
+        "the partitioner's cost model (docs/API.md, cost models); none fuses whatever the "
         "limits allow"),
     "kernel_profile": _Spec(
         DFX_FLAGS_ENV, _parse_path, "a file path", None,
@@ -207,22 +211,29 @@ _SPECS: dict[str, _Spec] = {
 PROCESS_WIDE = frozenset({"kernel_profile", "output_cache_mb", "strip_fusion"})
 
 
+def _default(key: str):
+    return _SPECS[key].default
+
+
 @dataclasses.dataclass(frozen=True)
 class Flags:
-    enable_autofuse: bool = False
-    max_fusion_size: int = 64
-    codegen_compile_debug: bool = False
-    debug_dir: str = "autofuse_debug"
-    autofuse_enable_pass: tuple = ()
-    autofuse_disable_pass: tuple = ()
-    recomputation_threshold: int = 0
-    max_input_nums_after_fuse: int = 8
-    skip_node_names_cfg: Optional[SkipList] = None
-    kernel_profile: Optional[str] = None
-    strip_fusion: bool = True
-    autofuse_enhance_precision_blacklist: frozenset = frozenset()
-    cost_model: str = "none"
-    output_cache_mb: int = 1024
+    """The flags in force: one field a key of `_SPECS`, whose default it takes."""
+
+    enable_autofuse: bool = _default("enable_autofuse")
+    max_fusion_size: int = _default("max_fusion_size")
+    codegen_compile_debug: bool = _default("codegen_compile_debug")
+    debug_dir: str = _default("debug_dir")
+    autofuse_enable_pass: tuple = _default("autofuse_enable_pass")
+    autofuse_disable_pass: tuple = _default("autofuse_disable_pass")
+    recomputation_threshold: int = _default("recomputation_threshold")
+    max_input_nums_after_fuse: int = _default("max_input_nums_after_fuse")
+    skip_node_names_cfg: Optional[SkipList] = _default("skip_node_names_cfg")
+    kernel_profile: Optional[str] = _default("kernel_profile")
+    strip_fusion: bool = _default("strip_fusion")
+    autofuse_enhance_precision_blacklist: frozenset = _default(
+        "autofuse_enhance_precision_blacklist")
+    cost_model: str = _default("cost_model")
+    output_cache_mb: int = _default("output_cache_mb")
 
     def with_overrides(self, overrides: Mapping[str, str], source: str) -> "Flags":
         """Flags with `overrides` (key -> text value, as a ConfigProto parameter_map gives them)."""
@@ -242,6 +253,9 @@ class Flags:
         if name in self.autofuse_disable_pass:
             return False
         return name == "pointwise" or name in self.autofuse_enable_pass
+
+
+assert {f.name for f in dataclasses.fields(Flags)} == set(_SPECS), "Flags and _SPECS disagree"
 
 
 def _finish(key: str, value, source: str):

@@ -21,7 +21,6 @@ import itertools
 import json
 import re
 import threading
-import types
 from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -96,6 +95,8 @@ def _parse_names(value) -> frozenset:
     return frozenset(_items(value))
 
 
+_DEFAULTS = rewriter.Policy()  # the limits' defaults are the partitioner's own
+
 # key: (parser, accepted values, default, help)
 _OPTIONS = {
     "enable_auto_fusion": (_parse_bool, "true or false", True,
@@ -106,11 +107,12 @@ _OPTIONS = {
                           "let `cost_model` decline merges and recomputations"),
     "cost_model": (_choice(cost.MODELS), "one of " + ", ".join(cost.MODELS), "memory_bandwidth",
                    "which cost model, when enable_cost_model is true"),
-    "max_fusion_size": (_counter(0), "an integer >= 0", 64,
+    "max_fusion_size": (_counter(0), "an integer >= 0", _DEFAULTS.max_fusion_size,
                         "most compute ops in one fused kernel; 0 turns fusion off"),
-    "max_input_nums_after_fuse": (_counter(1), "an integer >= 1", 8,
+    "max_input_nums_after_fuse": (_counter(1), "an integer >= 1", _DEFAULTS.max_inputs,
                                   "most distinct inputs of one fused kernel"),
-    "recomputation_threshold": (_counter(0), "an integer >= 0", 0,
+    "recomputation_threshold": (_counter(0), "an integer >= 0",
+                                _DEFAULTS.recomputation_threshold,
                                 "most compute ops a kernel recomputes instead of reading another "
                                 "kernel's output; 0 never recomputes"),
     "passes": (_parse_passes, "a list of pass names from " + ", ".join(PASSES), ("pointwise",),
@@ -181,19 +183,19 @@ class FuserConfig:
     def __repr__(self) -> str:
         return "FuserConfig(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
 
-    def rewriter_flags(self):
-        """The settings as the attributes rewriter.policy_from_flags reads."""
+    def policy(self) -> rewriter.Policy:
+        """The settings as the partitioner's Policy (rewriter.rewrite(..., policy=))."""
         values = self._values
-        return types.SimpleNamespace(
+        return rewriter.Policy(
             max_fusion_size=values["max_fusion_size"],
-            max_input_nums_after_fuse=values["max_input_nums_after_fuse"],
+            max_inputs=values["max_input_nums_after_fuse"],
+            pointwise="pointwise" in values["passes"],
+            reduce="reduce" in values["passes"],
             recomputation_threshold=values["recomputation_threshold"],
-            autofuse_enable_pass=tuple(p for p in values["passes"] if p != "pointwise"),
-            autofuse_disable_pass=() if "pointwise" in values["passes"] else ("pointwise",),
-            skip_node_names_cfg=types.SimpleNamespace(names=values["skip_node_names"],
-                                                      types=values["skip_op_types"]),
+            skip_names=frozenset(values["skip_node_names"]),
+            skip_types=frozenset(values["skip_op_types"]),
             cost_model=values["cost_model"] if values["enable_cost_model"] else cost.NONE,
-            enable_auto_fusion=values["enable_auto_fusion"],
+            auto=values["enable_auto_fusion"],
         )
 
 
@@ -296,7 +298,7 @@ class Fuser:
         """rewriter.rewrite with this config and these patterns: a rewriter.Rewrite
         (.graph_def, .fusions, .refusals). `graph_def` is not changed."""
         patterns = self.patterns if self.config.enable_pattern_matching else ()
-        return rewriter.rewrite(graph_def, preserve=preserve, flags=self.config.rewriter_flags(),
+        return rewriter.rewrite(graph_def, preserve=preserve, policy=self.config.policy(),
                                 shapes=shapes, feeds=feeds, patterns=patterns)
 
     def fuse(self, graph, outputs=None) -> "FusedGraph":
@@ -312,7 +314,12 @@ class Fuser:
         missing = [o for o in outputs if node_name(o) not in {n.name for n in graph_def.node}]
         if missing:
             raise ValueError(f"output {missing[0]!r} is not a node of the graph")
-        shapes = static_shapes(graph_def, tf_graph)
+        with rewriter.errors.tracking(rewriter.errors.Progress()) as progress:
+            rewriter.errors.phase("static shapes")
+            try:
+                shapes = static_shapes(graph_def, tf_graph)
+            except Exception as err:  # noqa: BLE001 - a bug in our shape pass, by design
+                raise progress.error(err) from err
         result = self.rewrite(graph_def, preserve=[node_name(o) for o in outputs], shapes=shapes,
                               feeds=[node_name(i) for i in inputs])
         return FusedGraph(graph_def, result.graph_def, result.fusions, result.refusals, inputs,

@@ -167,7 +167,8 @@ BOOKKEEPING_OPS = frozenset({"_Arg", "_Retval", "Const", "NoOp", "ReadVariableOp
 
 def compute_kernels(graphs) -> "collections.Counter[str]":
     """Op type -> how many nodes of the graphs compute something (every op type but
-    BOOKKEEPING_OPS). The kernel counts of the README's model table are this sum."""
+    BOOKKEEPING_OPS). The kernel counts of the model tables (README, docs/PERFORMANCE.md) are
+    this sum."""
     import collections
 
     return collections.Counter(node.op for graph in graphs for node in graph.node

@@ -2206,6 +2206,11 @@ void FinalizeAs(OpCode op, const A* acc, V* out, int64_t valid, int64_t count, b
   }
 }
 
+// An accumulator plus its compensation term. A zero term adds nothing, and adding it anyway
+// would turn a -0.0 result (a product with an odd number of negative factors and a zero) into
+// +0.0.
+inline double WithCompensation(double a, double c) { return c == 0.0 ? a : a + c; }
+
 // Compensated f64 accumulators: the lanes (or each element) folded together with their
 // compensation terms, then finished like the others.
 void FinalizeCompensated(OpCode op, const double* acc, const double* comp, double* out,
@@ -2225,9 +2230,9 @@ void FinalizeCompensated(OpCode op, const double* acc, const double* comp, doubl
         a = q;
       }
     }
-    std::fill_n(out, count, finish(a + c));
+    std::fill_n(out, count, finish(WithCompensation(a, c)));
   } else {
-    for (int64_t i = 0; i < valid; ++i) out[i] = finish(acc[i] + comp[i]);
+    for (int64_t i = 0; i < valid; ++i) out[i] = finish(WithCompensation(acc[i], comp[i]));
     std::fill(out + valid, out + count, 0.0);
   }
 }

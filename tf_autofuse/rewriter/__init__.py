@@ -9,6 +9,7 @@
     lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
     scope.py      disable_autofuse(): the attr that keeps nodes out of every fusion
     naming.py     autofuse_<kind>_<n>_<Op>_<Op>...
+    errors.py     what an unexpected exception becomes (a group's refusal, or AutofuseError)
     splice.py     the new GraphDef
 """
 
@@ -19,7 +20,9 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from tensorflow.core.framework import graph_pb2
 
-from . import catalog, cost
+from .._warn import warn_once
+from . import catalog, cost, errors
+from .errors import AutofuseError
 from .graph import GraphView, Shape, node_name
 from .lower import Unfusible, build, keeps_name, reads_view_node
 from .naming import Namer
@@ -28,11 +31,10 @@ from .patterns import Pattern, PatternGraph, apply_patterns
 from .splice import FUSED_OP, Planned, splice
 from .unfold import FOLDED_OPS, alone, original_names, refold_graph, unfold_graph
 
-DEFAULT_MAX_FUSION_SIZE = 64
-DEFAULT_MAX_INPUTS = 8
+DEFAULTS = Policy()  # the one place the limits' defaults are written: partition.Policy
 
-__all__ = ["Fusion", "Pattern", "PatternGraph", "Refusal", "Rewrite", "rewrite", "optimize",
-           "policy_from_flags", "FUSED_OP"]
+__all__ = ["AutofuseError", "Fusion", "Pattern", "PatternGraph", "Policy", "Refusal", "Rewrite",
+           "rewrite", "optimize", "policy_from_flags", "FUSED_OP"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,11 +67,12 @@ def policy_from_flags(flags, preserve=frozenset()) -> Policy:
     skip = getattr(flags, "skip_node_names_cfg", None)
     cost_model = cost.check_model(str(getattr(flags, "cost_model", cost.NONE) or cost.NONE))
     return Policy(
-        max_fusion_size=int(getattr(flags, "max_fusion_size", DEFAULT_MAX_FUSION_SIZE)),
-        max_inputs=int(getattr(flags, "max_input_nums_after_fuse", DEFAULT_MAX_INPUTS)),
+        max_fusion_size=int(getattr(flags, "max_fusion_size", DEFAULTS.max_fusion_size)),
+        max_inputs=int(getattr(flags, "max_input_nums_after_fuse", DEFAULTS.max_inputs)),
         pointwise="pointwise" not in disable,
         reduce="reduce" in enable and "reduce" not in disable,
-        recomputation_threshold=int(getattr(flags, "recomputation_threshold", 0)),
+        recomputation_threshold=int(getattr(flags, "recomputation_threshold",
+                                            DEFAULTS.recomputation_threshold)),
         skip_names=frozenset(getattr(skip, "names", ()) or ()),
         skip_types=frozenset(getattr(skip, "types", ()) or ()),
         preserve=frozenset(preserve),
@@ -85,19 +88,44 @@ def rewrite(
     shapes: Optional[Mapping[str, Sequence[Shape]]] = None,
     feeds: Iterable[str] = (),
     patterns: Sequence[Pattern] = (),
+    policy: Optional[Policy] = None,
 ) -> Rewrite:
     """Fuse what can be fused. The input is never mutated; `.graph_def` is a new GraphDef.
 
     preserve: node names whose name and value must survive (fetches, feeds, control targets).
-    flags: any object; see `policy_from_flags` for the attributes read.
+    flags: a tf_autofuse.Flags or any object with its attributes (`policy_from_flags`); or
+    policy: the partitioner's Policy itself (what fuser.FuserConfig.policy() gives). Not both.
     shapes: node name -> static shape of each output (tuple, -1 unknown size; None unknown rank).
     feeds: node names the caller feeds; they are never fused.
     patterns: user Patterns, run before the partitioner (patterns.py); their kernels come first.
+
+    An unexpected exception while lowering one group makes that group a refusal whose reason
+    is the exception (one AutofuseWarning says so); anywhere else it is an AutofuseError naming
+    the phase and node (errors.py).
     """
-    source = graph_def
     preserve = frozenset(node_name(p) for p in preserve)
     feeds = frozenset(node_name(f) for f in feeds)
-    policy = dataclasses.replace(policy_from_flags(flags, preserve), feeds=feeds)
+    if policy is None:
+        policy = policy_from_flags(flags, preserve)
+    elif flags is not None:
+        raise TypeError("rewrite() takes flags or a policy, not both")
+    policy = dataclasses.replace(policy, preserve=preserve, feeds=feeds)
+    with errors.tracking(errors.Progress()) as progress:
+        try:
+            result = _rewrite(graph_def, preserve, policy, shapes, tuple(patterns or ()))
+        except Exception as err:  # noqa: BLE001 - every bug of the pass, by design
+            raise progress.error(err) from err
+    for refusal in result.refusals:
+        if errors.is_internal(refusal.reason):
+            warn_once(f"{refusal.node} runs unfused: {refusal.reason}")
+    return result
+
+
+def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, shapes,
+             patterns: tuple) -> Rewrite:
+    """rewrite() in its phases: unfold, claim patterns, partition, plan recomputation, lower,
+    splice, refold."""
+    feeds = policy.feeds
 
     def unchanged() -> graph_pb2.GraphDef:  # a copy, made only when nothing is fused
         copy = graph_pb2.GraphDef()
@@ -105,12 +133,12 @@ def rewrite(
         return copy
 
     candidates = catalog.candidate_op_types() | FOLDED_OPS
-    patterns = tuple(patterns or ())
     auto = policy.auto and policy.pointwise
     if policy.max_fusion_size <= 0 or not (auto or patterns) or not any(
-            node.op in candidates for node in graph_def.node):
+            node.op in candidates for node in source.node):
         return Rewrite(unchanged(), [], [])
 
+    errors.phase("unfold")
     graph_def, shapes, unfolded = unfold_graph(source, shapes)
     view = GraphView(graph_def, shapes)
 
@@ -125,9 +153,11 @@ def rewrite(
 
     claims, refusals, groups, served = [], [], [], {}
     if patterns:
+        errors.phase("patterns")
         claims, excluded, refusals = apply_patterns(view, patterns, policy, absorbable)
         policy = dataclasses.replace(policy, excluded=tuple(excluded.items()))
     if auto:
+        errors.phase("partition")
         groups, auto_refusals = find_groups(view, feeds, policy=policy)
         for group in list(groups) if unfolded else ():
             lone = alone(group.members, unfolded)
@@ -138,40 +168,54 @@ def rewrite(
                                      for m in group.members)
         refusals = refusals + auto_refusals
         if groups:
+            errors.phase("recomputation")
             served = plan_recomputation(view, groups, policy, refusals)
-    if not groups and not claims:
-        return Rewrite(unchanged(), [], refusals)
 
+    errors.phase("lower")
     namer = Namer(node.name for node in graph_def.node)
     plans, fusions = [], []
+
+    def add(kind: str, suffix, members: tuple, device: str, lowered) -> None:
+        name = namer.name(kind, suffix)
+        keep = frozenset(m for m in members if keeps_name(view, m, preserve))
+        plans.append(Planned(name, members, device, lowered, keep))
+        fusions.append(Fusion(name, "pattern" if kind == "pattern" else lowered.kind,
+                              original_names(members, unfolded), lowered.op_types,
+                              lowered.program.print(), lowered.absorbed))
+
     for claim in claims:
-        name = namer.name("pattern", [claim.suffix])
-        keep = frozenset(m for m in claim.members if keeps_name(view, m, preserve))
-        plans.append(Planned(name, claim.members, view.device(claim.members[0]), claim.lowered,
-                             keep))
-        fusions.append(Fusion(name, "pattern", original_names(claim.members, unfolded),
-                              claim.lowered.op_types,
-                              claim.lowered.program.print(), claim.lowered.absorbed))
+        errors.at(claim.members[0])
+        add("pattern", [claim.suffix], tuple(claim.members), view.device(claim.members[0]),
+            claim.lowered)
     for group in groups:
-        if not group.private and not served and not reads_view_node(view, group.lowered):
-            # the partitioner's lowering of exactly these members is this build's result:
-            # only an input a view node produces could be absorbed (read through) here
-            lowered = lowering(view, group, policy)
-        else:
-            members = sorted(set(group.members) | set(group.private), key=view.position.get)
-            try:
-                lowered = build(view, members, preserve, private=set(group.private),
-                                served=served, absorbable=absorbable, feeds=feeds)
-            except Unfusible:
-                lowered = lowering(view, group, policy)
-        name = namer.name(lowered.kind, lowered.op_types)
-        keep = frozenset(m for m in group.members if keeps_name(view, m, preserve))
-        plans.append(Planned(name, tuple(group.members), group.device, lowered, keep))
-        fusions.append(
-            Fusion(name, lowered.kind, original_names(group.members, unfolded), lowered.op_types,
-                   lowered.program.print(), lowered.absorbed)
-        )
-    return Rewrite(refold_graph(splice(view, plans, preserve | feeds), unfolded), fusions, refusals)
+        errors.at(group.members[0])
+        try:
+            lowered = _lower_group(view, group, policy, served, absorbable)
+        except Unfusible as err:  # only an internal error: the partitioner checked the group
+            refusals.append(Refusal(group.members[0], str(err)))
+            continue
+        add(lowered.kind, lowered.op_types, tuple(group.members), group.device, lowered)
+    if not plans:
+        return Rewrite(unchanged(), [], refusals)
+    errors.phase("splice")
+    spliced = splice(view, plans, preserve | feeds)
+    errors.phase("refold")
+    return Rewrite(refold_graph(spliced, unfolded), fusions, refusals)
+
+
+def _lower_group(view: GraphView, group, policy: Policy, served: dict, absorbable):
+    """A partitioned group's program: the partitioner's own lowering where it is this build's
+    result, else built again with absorption and recomputed copies."""
+    if not group.private and not served and not reads_view_node(view, group.lowered):
+        # the partitioner's lowering of exactly these members is this build's result: only an
+        # input a view node produces could be absorbed (read through) here
+        return lowering(view, group, policy)
+    members = sorted(set(group.members) | set(group.private), key=view.position.get)
+    try:
+        return build(view, members, policy.preserve, private=set(group.private), served=served,
+                     absorbable=absorbable, feeds=policy.feeds)
+    except Unfusible:
+        return lowering(view, group, policy)
 
 
 def optimize(

@@ -367,7 +367,12 @@ def _emit_clip(em, node, operands, axes):
     x, low, high = operands
     exact = node.attr["T"].type == types_pb2.DT_INT32 if "T" in node.attr else False
 
+    # Of two immediates (a constant x and bound) the result is one of them, computed here
+    # exactly as std::min / std::max would: no instruction of immediates only is emitted.
     def clamp(value, bound, ir_op, bound_wins):
+        if _is_immediate(value) and _is_immediate(bound):
+            less = bound_wins(value, bound)
+            return bound if less[0] < less[1] else value
         if exact or (_is_immediate(bound) and bound != 0):
             return em(ir_op, [value, bound])
         return em("Select", [em("Less", bound_wins(value, bound)), bound, value])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from typing import Mapping, Optional, Sequence
+from typing import AbstractSet, Mapping, Optional, Sequence
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_shape_pb2
 
@@ -172,6 +172,32 @@ class GraphView:
 
     def control_consumers(self, name: str) -> list[str]:
         return self._control_consumers.get(name, [])
+
+    def same_value(self, tensor: Tensor, feeds: AbstractSet[str] = frozenset()) -> Tensor:
+        """A tensor that holds the same value as `tensor` in every step, read in its stead: the
+        first (in topological order) of the ReadVariableOps that read the same resource with
+        the same control inputs, dtype and device, none of them fed. Such reads depend on the
+        same nodes, so reading one for the other adds no edge a cycle could close; with any
+        write to the resource they are equally unordered against it, so one value for both is
+        a schedule TensorFlow may run. Any other tensor: itself."""
+        name, index = tensor
+        if index != 0 or name in feeds or self._ops[self._index[name]] != "ReadVariableOp":
+            return tensor
+        key = ("graph.first_reads", frozenset(feeds))
+        first = self.memo.get(key)
+        if first is None:
+            first = {}
+            for read in self.order:
+                if self._ops[self._index[read]] == "ReadVariableOp" and read not in feeds:
+                    first.setdefault(self._read_key(read), read)
+            self.memo[key] = first
+        return (first.get(self._read_key(name), name), 0)
+
+    def _read_key(self, name: str) -> tuple:
+        node = self._by_name[name]
+        dtype = node.attr["dtype"].type if "dtype" in node.attr else None
+        return (tuple(self._data_inputs[name]), frozenset(self._control_inputs[name]), dtype,
+                node.device)
 
     def successors(self, name: str) -> Sequence[str]:
         """Nodes reached by one forward edge (data or control), back edges left out."""

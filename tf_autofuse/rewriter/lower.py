@@ -23,12 +23,13 @@ topological order, whose value is read outside the group or whose name must be k
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import AbstractSet, Callable, Mapping, NamedTuple, Optional
 
 from tensorflow.core.framework import types_pb2
 
-from . import catalog
+from . import catalog, errors
 from . import program as ir
 from .graph import GraphView, Tensor, format_shape
 
@@ -37,6 +38,31 @@ SYMBOL_BASE = -(10**9)  # fresh symbols for unknown sizes: SYMBOL_BASE, SYMBOL_B
 
 class Unfusible(Exception):
     """The nodes cannot be one fused program; str(err) is the reason."""
+
+
+def _refusing_internal_errors(lowering):
+    """`lowering` (build, check) with any exception but Unfusible made the refusal of the
+    members it was lowering (errors.internal_refusal), so that a bug costs one group, not the
+    graph; the original exception is chained."""
+
+    @functools.wraps(lowering)
+    def guarded(view, members, *args, **kwargs):
+        try:
+            return lowering(view, members, *args, **kwargs)
+        except Unfusible:
+            raise
+        except Exception as err:  # noqa: BLE001 - any bug of the lowering, by design
+            raise Unfusible(errors.internal_refusal(err)) from err
+
+    return guarded
+
+
+def _refuse_immediates_only(op: str, operands) -> None:
+    """An instruction needs a value operand: one of immediates only is never emitted (an emitter
+    folds what it can compute exactly, e.g. ClipByValue of two constants; the rest is
+    TensorFlow's constant folding's to do)."""
+    if operands and not any(isinstance(o, ir.Ref) for o in operands):
+        raise Unfusible(f"{op} of immediates only ({', '.join(map(repr, operands))})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +291,7 @@ def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
                     raise Unfusible(f"{name} reads output {tensor[1]} of member {tensor[0]}")
                 operands.append(("val", tensor[0], values[tensor[0]], dtype))
                 continue
+            tensor = view.same_value(tensor, feeds)  # one input for reads of one variable
             state.producers.add(tensor[0])
             immediate = _immediate(view, tensor, dtype, feeds)
             if immediate is not None:
@@ -331,6 +358,7 @@ class _Plan:
     output_views: list
 
 
+@_refusing_internal_errors
 def build(
     view: GraphView,
     members: list,
@@ -577,6 +605,7 @@ def _emit(view: GraphView, plan: _Plan, absorbable) -> Lowered:
         return input_refs[key]
 
     def em(op: str, operands, attrs=()) -> ir.Ref:
+        _refuse_immediates_only(op, operands)
         instructions.append(ir.Instruction(op, tuple(operands), tuple(attrs)))
         return ir.Val(len(instructions) - 1)
 
@@ -620,6 +649,7 @@ class Checked(NamedTuple):
     kind: str = "pointwise"
 
 
+@_refusing_internal_errors
 def check(view: GraphView, members: list, preserve: AbstractSet[str] = frozenset(),
           feeds: AbstractSet[str] = frozenset()):
     """build(view, members, preserve, feeds=feeds) for the partitioner's trial merges: the
@@ -696,8 +726,15 @@ def _member_outcome(view: GraphView, name: str, entry, ops, operands, axes, sign
     faulty = []
 
     def em(op: str, operands_, attrs=()) -> ir.Ref:
+        _refuse_immediates_only(op, operands_)
         descriptions = []
         for operand in operands_:
+            if isinstance(operand, ir.Ref) and operand.kind == "%" \
+                    and locals_[operand.index] is None:
+                # an operand already faulty: this instruction is not checked (its fault
+                # would only restate that one, and the operand has no dtype to check)
+                locals_.append(None)
+                return ir.Ref("%", len(locals_) - 1)
             if not isinstance(operand, ir.Ref):
                 descriptions.append(ir.immediate_operand(operand))
             elif operand.kind == "arg":

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import AbstractSet, Iterable, NamedTuple, Optional
 
-from . import catalog, cost
+from . import catalog, cost, errors
 from .graph import GraphView, node_name
 from .lower import Lowered, Unfusible, build, check, compute_ops
 from .scope import ATTR as DISABLE_ATTR
@@ -43,6 +43,9 @@ class Refusal(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
+    """What the partitioner may do with one graph. The defaults here are the defaults of the
+    flags (flags.py) and of the API (fuser.FuserConfig), which read them from this class."""
+
     max_fusion_size: int = 64
     max_inputs: int = 8
     pointwise: bool = True
@@ -152,13 +155,14 @@ def _cycle_through(view: GraphView, members: set) -> Optional[str]:
 
 
 def find_groups(
-    view: GraphView, feeds: Iterable[str] = (), max_fusion_size: int = 64,
+    view: GraphView, feeds: Iterable[str] = (), max_fusion_size: Optional[int] = None,
     policy: Optional[Policy] = None,
 ) -> tuple[list[Group], list[Refusal]]:
     """Groups of 2 compute ops or more, in topological order of their first member; each
-    group's `lowered` may be lower.check's Checked (`lowering` gives the program)."""
+    group's `lowered` may be lower.check's Checked (`lowering` gives the program).
+    `max_fusion_size` (without a policy): the default Policy with that limit."""
     if policy is None:
-        policy = Policy(max_fusion_size=max_fusion_size)
+        policy = Policy() if max_fusion_size is None else Policy(max_fusion_size=max_fusion_size)
     if policy.max_fusion_size <= 0 or not policy.pointwise:
         return [], []
     feeds = frozenset(node_name(f) for f in feeds) | policy.feeds
@@ -194,6 +198,7 @@ def find_groups(
     for name in view.order:
         if view.node(name).op not in candidate_types:
             continue
+        errors.at(name)
         if name in excluded:
             if excluded[name]:
                 refusals.append(Refusal(name, excluded[name]))
@@ -338,6 +343,7 @@ def plan_recomputation(view: GraphView, groups: list, policy: Policy,
     for group in groups:
         members = set(group.members)
         for name in list(group.members):
+            errors.at(name)
             for producer, index in view.data_inputs(name):
                 other = owner.get(producer)
                 if other is None or other is group or index != 0 or producer in group.private:

@@ -38,7 +38,7 @@ class _Forbid:
 
 
 class Pattern:
-    """Base class of user patterns; see the module docstring and the README's API section.
+    """Base class of user patterns; see the module docstring and docs/API.md (patterns).
 
     Subclass it, set `name` (the kernel name's suffix; default: the class name) and implement
     `match`; override `fuse` to forbid fusion or to name kernels per match.
