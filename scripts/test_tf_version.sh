@@ -53,7 +53,7 @@ for example in "$ROOT"/examples/tensorflow/af_tf_*/test_*.py; do
     if ! grep -q "AutofuseKernel *autofuse_" <<< "$out"; then
       echo "FAIL: $name ran no fused kernel:" >&2; echo "$out" >&2; exit 1
     fi
-    echo "fused: $name: $(echo "$out" | grep -o 'autofuse_[A-Za-z0-9_]*' | sort -u | tr '\n' ' ')"
+    echo "fused: $name: $(echo "$out" | grep -o 'autofuse_[a-z]*_[0-9][A-Za-z0-9_]*' | sort -u | tr '\n' ' ')"
   done
 done
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests/test_plugin.py" "$ROOT/tests/test_api.py"
