@@ -151,7 +151,7 @@ def test_library_that_does_not_load_runs_unfused(tmp_path):
 
     cache = tmp_path / "cache"
     cache.mkdir()
-    key = _build.build_key(_build._compiler(), *_build._tf_flags())
+    key = _build.build_key(_build._compiler(), _build.current_target())
     bad = cache / f"libtf_autofuse_{key}.so"
     bad.write_bytes(b"\x7fELF this is not a shared library")
     report = child(tmp_path, cache=cache)

@@ -3,6 +3,7 @@
   fuse MODEL -o OUT [--report]   fuse a frozen GraphDef (.pb/.pbtxt) or a SavedModel offline
   inspect MODEL                  the fusion table of a fused model
   codegen GRAPH -o DIR           the Ascend C of a saved graph's fused kernels
+  doctor                         versions, the kernel library in use, CPU, plugin slot, CANN
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("model", metavar="MODEL", help="a .pb, a .pbtxt or a SavedModel directory")
 
     commands.add_parser(
+        "doctor", help="say what this installation runs with, and why nothing would fuse",
+        description="Print the TensorFlow and Keras in use, the kernel library loaded (built at "
+                    "install or at import, for which instruction sets) or why none loaded, the "
+                    "CPU's features, who holds TensorFlow's CPU plugin slot, the flags, and "
+                    "whether a CANN toolkit was found. Exit status 1 when nothing can be fused.")
+    commands.add_parser(
         "codegen", add_help=False, help="generate the Ascend C of a saved graph's fused kernels "
                                         "(`codegen --help` for its options)")
     return parser
@@ -78,6 +85,10 @@ def main(argv=None) -> int:
 
         return codegen_main(argv[1:])
     args = _parser().parse_args(argv)
+    if args.command == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main()
 
     import tf_autofuse  # noqa: F401 - the AutofuseKernel op, to import and save fused graphs
 

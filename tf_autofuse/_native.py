@@ -16,11 +16,13 @@ from . import _build
 _lock = threading.Lock()
 _module = None
 _cdll = None
+_library = None  # the _build.Library loaded
 
 
 def load():
-    """The op module; builds the library on first use. Raises _build.BuildError."""
-    global _module, _cdll
+    """The op module; builds the library on first use when the package holds none for this
+    TensorFlow. Raises _build.BuildError, or _build.UnsupportedTensorFlow (an ImportError)."""
+    global _module, _cdll, _library
     with _lock:
         if _module is None:
             import tensorflow as tf
@@ -28,7 +30,8 @@ def load():
             from .rewriter import catalog
             from .rewriter.unfold import FOLDED_OPS
 
-            path = _build.library_path()
+            library = _build.find_library()
+            path = library.path
             if _build.sanitize() and "libasan" not in os.environ.get("LD_PRELOAD", ""):
                 # loading it would abort the process ("ASan runtime does not come first")
                 raise _build.BuildError(
@@ -47,17 +50,27 @@ def load():
             except (tf.errors.OpError, OSError, AttributeError) as err:
                 # a truncated or foreign file, a library built for another TensorFlow, a
                 # sanitized build without its runtime preloaded: say which file and how to fix it
+                if library.origin == "install":
+                    fix = ("Reinstall tf_autofuse, or set TF_AUTOFUSE_BUILD=native to build one "
+                           "for this machine on import")
+                else:
+                    fix = (f"Delete it so that it is built again, or point {_build.CACHE_ENV} at "
+                           f"an empty writable directory")
                 raise _build.BuildError(
                     f"the kernel library {path} does not load ({type(err).__name__}: "
-                    f"{str(err).strip()[:300]}). Delete it so that it is built again, or point "
-                    f"{_build.CACHE_ENV} at an empty writable directory.") from None
-            _module, _cdll = module, cdll
+                    f"{str(err).strip()[:300]}). {fix}.") from None
+            _module, _cdll, _library = module, cdll, library
         return _module
 
 
 def loaded_cdll():
     """The op library as a ctypes handle, or None before `load()`."""
     return _cdll
+
+
+def library():
+    """The _build.Library loaded (path, built at install or at import, level), or None."""
+    return _library
 
 
 def set_kernel_profile(path: str) -> None:
@@ -99,3 +112,10 @@ def register_cpu_plugin() -> str:
     load()
     code = _cdll.autofuse_register_cpu_plugin()
     return {0: "registered", 1: "already registered", 2: "taken"}[code]
+
+
+def cpu_plugin_slot() -> str:
+    """Who holds TensorFlow's CPU plugin slot, without taking it: "free", "tf_autofuse" or
+    "another plugin"."""
+    load()
+    return {0: "free", 1: "tf_autofuse", 2: "another plugin"}[_cdll.autofuse_cpu_plugin_slot()]

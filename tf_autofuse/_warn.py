@@ -24,6 +24,12 @@ def warn_once(message: str) -> bool:
     return True
 
 
+def said() -> list[str]:
+    """The messages emitted so far in this process."""
+    with _lock:
+        return sorted(_said)
+
+
 def reset() -> None:
     """Forget what was said (tests)."""
     with _lock:

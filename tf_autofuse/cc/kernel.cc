@@ -41,6 +41,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/logging.h"
+#include "tf_compat.h"
 
 namespace tf_autofuse {
 namespace {
@@ -490,8 +491,7 @@ class AutofuseKernelOp : public OpKernel {
         ns_per_cost > 0 ? per_item * ns_per_cost * kCyclesPerNs : per_item;
     workers->ParallelFor(
         num_items,
-        tensorflow::thread::ThreadPool::SchedulingParams::Adaptive(
-            std::max<int64_t>(1, static_cast<int64_t>(cycles_per_item))),
+        tf_compat::AdaptiveScheduling(std::max<int64_t>(1, static_cast<int64_t>(cycles_per_item))),
         [&](int64_t first, int64_t last) {
           RunTimed(run, io, first, last, static_cast<int64_t>(per_item) * (last - first));
         });

@@ -278,19 +278,28 @@ __attribute__((visibility("default"))) void autofuse_set_candidate_ops(const cha
   }
 }
 
+static std::mutex plugin_mu;
+static bool plugin_registered = false;
+
+// TensorFlow's only CPU plugin slot, without taking it: 0 free, 1 ours, 2 another plugin's.
+__attribute__((visibility("default"))) int autofuse_cpu_plugin_slot() {
+  using ::tensorflow::grappler::PluginGraphOptimizerRegistry;
+  std::lock_guard<std::mutex> lock(plugin_mu);
+  if (plugin_registered) return 1;
+  return PluginGraphOptimizerRegistry::CreateOptimizers({"CPU"}).empty() ? 0 : 2;
+}
+
 // 0: registered now; 1: we registered before; 2: another CPU plugin holds the slot.
 __attribute__((visibility("default"))) int autofuse_register_cpu_plugin() {
   using ::tensorflow::grappler::PluginGraphOptimizerRegistry;
-  static std::mutex mu;
-  static bool registered = false;
-  std::lock_guard<std::mutex> lock(mu);
-  if (registered) return 1;
+  std::lock_guard<std::mutex> lock(plugin_mu);
+  if (plugin_registered) return 1;
   if (!PluginGraphOptimizerRegistry::CreateOptimizers({"CPU"}).empty()) return 2;
   // No toggles: TensorFlow's own passes keep the session's settings.
   ::tensorflow::grappler::ConfigList configs(/*disable_model_pruning=*/false, {});
   PluginGraphOptimizerRegistry::RegisterPluginOptimizerOrDie(
       []() { return new tf_autofuse::AutofuseOptimizer(/*as_plugin=*/true); }, "CPU", configs);
-  registered = true;
+  plugin_registered = true;
   return 0;
 }
 

@@ -13,6 +13,7 @@
 
 #include "Eigen/Core"
 #include "schedule.h"
+#include "tf_compat.h"
 
 namespace tf_autofuse {
 namespace {
@@ -133,7 +134,7 @@ EIGEN_STRONG_INLINE Packet ErfcPacket(const Packet& x) {
   using ei::pset1;
   const Packet a = ei::pmin(ei::pabs(x), pset1<Packet>(10.1f));  // pmin keeps a NaN first operand
   const Packet hi = ei::pmul(a, a);
-  const Packet lo = ei::twoprod_low(a, a, hi);  // a^2 = hi + lo exactly (FMA or Veltkamp)
+  const Packet lo = tf_compat::TwoProdLow(a, a, hi);  // a^2 = hi + lo exactly (FMA or Veltkamp)
   // |x| < 0.5
   Packet e = pset1<Packet>(0x1.1d1da6p-8f);
   e = pmadd(e, hi, pset1<Packet>(-0x1.b2f136p-6f));
