@@ -1130,6 +1130,13 @@ def _node_reference(node, xs, es, us, dtype: str, by_tf: bool):
         ctx = types.SimpleNamespace(compute=COMPUTE[dtype], dtype=dtype)
         e, u = _propagate(model, xs, es, shape, ctx, ref, r)
         u = u | anyu
+        if ir == "Relu":
+            # The sign of Relu(-0.0) is unspecified: TensorFlow's own float32 Relu gives +0 from
+            # its vectorised loop and -0 from its scalar one (its 16-bit ones -0), the fused
+            # kernel -0. A zero operand that is -0.0, or may be computed as one, makes every
+            # reader of the sign (1 / x) unstable; the value itself compares equal either way.
+            x = np.broadcast_to(xs[0], shape)
+            u = u | ((x == 0) & (np.signbit(x) | (np.broadcast_to(es[0], shape) > 0)))
     r = np.asarray(r, np.float64)
     e = e + _own_error(r, dtype, by_tf, ir)
     return r, e, u | _edges(r, e, dtype)
