@@ -167,9 +167,8 @@ std::string ShapeString(const TensorShape& shape) {  // "[2,3]"
 }
 
 // A large output that TensorFlow has just allocated is usually fresh memory from the OS, and
-// faulting it in 4 KiB pages costs several times the kernel's own work (measured: a 64 MiB
-// f32 output takes 16K page faults per run, and abs->relu->exp on [4096,4096] ran in ~50 ms
-// instead of ~16 ms). Advising transparent huge pages before the first write divides the
+// faulting it in 4 KiB pages costs several times the kernel's own work (a 64 MiB f32 output
+// takes 16K page faults per run). Advising transparent huge pages before the first write divides the
 // faults by 512; numpy does the same for its large arrays. Only the 2 MiB-aligned interior of
 // the buffer is advised, so no neighbouring allocation is touched; it is a hint, and an error
 // or THP=never changes nothing but the speed.

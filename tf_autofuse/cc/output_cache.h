@@ -4,9 +4,9 @@
 // TensorFlow's default CPU allocator takes every tensor from the C library's malloc, which maps
 // fresh pages for a large block and unmaps them when it is freed (glibc: from 32 MiB always,
 // smaller blocks depending on its moving threshold). A step's large tensor is then new memory
-// each step, and the OS zero-fills it page by page at the first store into it: 33-53 % of a
-// large fused kernel's time on the 2-core machine we measure on (README, what bounds each
-// kernel).
+// each step, and the OS zero-fills it page by page at the first store into it: a large part of
+// a large fused kernel's time (`--kernel_profile` shows it in the store step; run the benchmarks
+// with --output_cache_mb=0 to see it).
 //
 // The output cache is a tensorflow::Allocator for the outputs of AutofuseKernel of at least
 // kMinBytes. A block freed by the last tensor that referenced it goes back into the cache, which

@@ -104,12 +104,10 @@ auto Erf(const Eigen::ArrayBase<X>& x) {
 // Erfc. fp32: ErfcPacket, within 5.9 ulps of the exact value over all float32 (Eigen's fp32
 // erfc, used before: 6.2; both worst in the tail, x in [1, 9]), mean 0.30 ulps over |x| in
 // [2^-13, 10.1] (Eigen's: 0.32), 0.35 on GELU's N(0, 1/2) inputs (Eigen's: 0.43); measured with
-// scripts/packet_ulps.sh erfc. Cost: ~50 vector instructions and one division a packet, 0.48 ns an
-// element (0.50 with the scale built by integer shifts, before vscalefps), 0.63x Eigen's 0.75
-// (one core, L1-resident, FTZ/DAZ on, this Sapphire Rapids VM, scripts/packet_ulps.sh erfc;
-// Eigen's, for any packet holding an |x| > 1, computes both of its branches, a reciprocal and a
-// division). Two packets a turn: one at a time, its long dependency chain left the core idle
-// (5-10% slower in a standalone loop).
+// scripts/packet_ulps.sh erfc. Cost: ~50 vector instructions and one division a packet, less
+// than Eigen's, which for any packet holding an |x| > 1 computes both of its branches, a
+// reciprocal and a division (scripts/packet_ulps.sh erfc times both). Two packets a turn: one
+// at a time, its long dependency chain leaves the core idle.
 // Without FMA, pmadd falls back to a multiply and an add and twoprod_low to Veltkamp's split:
 // less accurate, not measured.
 // f64: the C library's long double erfcl (the double ones, Eigen's and glibc's, are up to ~30

@@ -42,8 +42,8 @@ EIGEN_STRONG_INLINE Packet ExpReducedMinus1(const Packet& r) {
 // 2^floor(k / 2) normal) so that a subnormal result or an overflow to inf is still rounded once.
 // The same bits either way: ExpPacket, SigmoidPacket and ErfcPacket with vscalefps against the
 // integer-shift code, every float32 input, FTZ/DAZ off and on. One cost: without FTZ, a packet
-// with a subnormal result takes a microcode assist, ~1.2-1.5x as long after vscalefps as after a
-// multiply (exp on [-104, -87]: 4.0 vs 2.7 ns an element); TensorFlow's threads run with FTZ/DAZ.
+// with a subnormal result takes a microcode assist, longer after vscalefps than after a
+// multiply; TensorFlow's threads run with FTZ/DAZ.
 template <bool kSplit, typename Packet>
 EIGEN_STRONG_INLINE Packet TimesPowerOfTwo(const Packet& x, const Packet& k) {
   namespace ei = Eigen::internal;
@@ -73,11 +73,9 @@ EIGEN_STRONG_INLINE Packet TimesPowerOfTwo(const Packet& x, const Packet& k) {
 // exp(inf) = inf. Over all float32 (scripts/packet_ulps.sh exp): within 1.013 ulps, mean 0.064
 // (Eigen's fp32 exp, which TensorFlow's kernels use: 1.28, 0.074).
 // Eigen's tests every packet for a lane out of its fast range (a horizontal reduction and a
-// branch a packet); this is ~0.5x its time (0.15 vs 0.29 ns an element, one core, L1-resident,
-// FTZ/DAZ on, this Sapphire Rapids VM, scripts/packet_ulps.sh exp; 0.25 with the scale as two
-// powers of two built by integer shifts, the portable path, before vscalefps; that version took
-// abs->relu->exp [4096,4096] f32 from 5.8 to 5.2 ms a step). Used for the Exp op and inside fp32
-// Sigmoid; softplus, elu and the rest still use Eigen's.
+// branch a packet); this one needs no test, which roughly halves its time
+// (scripts/packet_ulps.sh exp times both). Used for the Exp op and inside fp32 Sigmoid;
+// softplus, elu and the rest still use Eigen's.
 template <typename Packet>
 EIGEN_STRONG_INLINE Packet ExpPacket(const Packet& x) {
   namespace ei = Eigen::internal;

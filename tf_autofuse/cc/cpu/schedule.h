@@ -157,11 +157,8 @@ struct Step {
 //
 // Why it pays: each strip's loads and stores are interleaved with its arithmetic, so memory and
 // the vector units are busy at once, where whole-tile steps alternate between a memory-bound
-// load or store and compute-bound arithmetic. abs->relu->exp over 16M elements, 2 threads, a
-// standalone loop on this Sapphire Rapids VM: f32 4.75 -> 3.1 ms, f16 3.75 -> 3.0 ms with
-// 256-element strips (the best of 64..512 elements); the kernel, benchmarks/run.py with and
-// without --strip_fusion=false: the chain f32 4.51 -> 3.16 ms, f16 3.13 -> 2.66, GELU 9.54 ->
-// 7.40, swish(x + bias) 6.24 -> 4.99 (README, strip fusion).
+// load or store and compute-bound arithmetic. 256-element strips measured best of 64..512;
+// `benchmarks/run.py --autofuse-dfx-flags=--strip_fusion=false` measures what strips bring.
 constexpr int64_t kStrip = 256;
 static_assert(kStrip % kLanes == 0 && kStrip % kPad == 0, "strips keep lanes and packets");
 constexpr int kMaxStripRegisters = 12;  // 12 KiB of strip buffers on the stack
