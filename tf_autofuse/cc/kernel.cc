@@ -169,9 +169,9 @@ std::string ShapeString(const TensorShape& shape) {  // "[2,3]"
 // A large output that TensorFlow has just allocated is usually fresh memory from the OS, and
 // faulting it in 4 KiB pages costs several times the kernel's own work (a 64 MiB f32 output
 // takes 16K page faults per run). Advising transparent huge pages before the first write
-// divides the faults by 512; numpy does the same for its large arrays. Only the 2 MiB-aligned interior of
-// the buffer is advised, so no neighbouring allocation is touched; it is a hint, and an error
-// or THP=never changes nothing but the speed.
+// divides the faults by 512; numpy does the same for its large arrays. Only the 2 MiB-aligned
+// interior of the buffer is advised, so no neighbouring allocation is touched; it is a hint, and
+// an error or THP=never changes nothing but the speed.
 void AdviseHugePages(char* data, int64_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
