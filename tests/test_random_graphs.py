@@ -407,6 +407,15 @@ def reduced_shape(shape, axes, keep) -> tuple:
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
+def foldable(values: list, v: int) -> bool:
+    """Whether Grappler may turn value v into a Const (no placeholder behind it)."""
+    item = values[v]
+    if isinstance(item, Input):
+        return item.const
+    return item.ir_name in ("ZerosLike", "OnesLike") or all(
+        foldable(values, o) for o in item.operands)
+
+
 class _Builder:
     """Appends inputs and nodes to a graph being drawn. Each move returns the index of the value
     it made, or None when the graph holds nothing it can start from."""
@@ -449,12 +458,7 @@ class _Builder:
         return self.ch.choice(candidates)  # shared values, diamonds
 
     def foldable(self, v) -> bool:
-        """Whether Grappler may turn the value into a Const (no placeholder behind it)."""
-        item = self.values[v]
-        if isinstance(item, Input):
-            return item.const
-        return item.ir_name in ("ZerosLike", "OnesLike") or all(
-            self.foldable(o) for o in item.operands)
+        return foldable(self.values, v)
 
     def data(self, v) -> bool:
         return self.dtype_of(v) != "bool"
@@ -1178,6 +1182,11 @@ def reference(spec: GraphSpec, data: dict, tf_nodes=None):
             r, e, u = _node_reference(item, [vals[o] for o in operands],
                                       [bounds[o] for o in operands],
                                       [unstable[o] | beyond[o] for o in operands], dtype, by_tf)
+            if item.ir_name == "Div" and COMPUTE[dtype] != dtype and foldable(
+                    spec.values, operands[1]):
+                # Grappler turns x / c into x * (1 / c), 1 / c rounded to the 16-bit type: up
+                # to an ulp of the type, relative, in both runs
+                e = e + np.abs(r) * 2.0 ** -_MANTISSA[dtype]
             beyond.append(_beyond_range(r, e, dtype))
         vals.append(np.asarray(r))
         bounds.append(np.asarray(e, np.float64))
