@@ -242,7 +242,10 @@ def toy_package(tmp_path_factory):
                   "    case OpCode::kTan: case OpCode::kAtan: case OpCode::kSinh: "
                   "case OpCode::kCosh:\n", _FAMILY)
     opmap = package / "codegen" / "opmap.py"
-    opmap.write_text(opmap.read_text() + _ASCEND_REFUSAL)
+    text = opmap.read_text()
+    anchor = "\n_check_complete()\n"  # the refusal is stated before opmap checks completeness
+    assert text.count(anchor) == 1, "opmap.py no longer ends with its completeness check"
+    opmap.write_text(text.replace(anchor, _ASCEND_REFUSAL + anchor))
     return root
 
 
