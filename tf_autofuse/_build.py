@@ -244,7 +244,9 @@ def op_table_text(package: Path = PACKAGE_DIR) -> str:
     python = os.environ.get(PYTHON_ENV) or sys.executable
     try:
         with tempfile.TemporaryDirectory() as cwd:
-            proc = subprocess.run([python, "-c", _OP_TABLE_WRITER, str(package / "rewriter")],
+            # absolute: the writer runs in a folder of its own, the build's paths may be relative
+            proc = subprocess.run([python, "-c", _OP_TABLE_WRITER,
+                                   str((package / "rewriter").resolve())],
                                   cwd=cwd, env=_unisolated_environ(), capture_output=True,
                                   text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as err:
