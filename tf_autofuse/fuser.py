@@ -314,12 +314,12 @@ class Fuser:
         missing = [o for o in outputs if node_name(o) not in {n.name for n in graph_def.node}]
         if missing:
             raise ValueError(f"output {missing[0]!r} is not a node of the graph")
-        with rewriter.errors.tracking(rewriter.errors.Progress()) as progress:
-            rewriter.errors.phase("static shapes")
-            try:
-                shapes = static_shapes(graph_def, tf_graph)
-            except Exception as err:  # noqa: BLE001 - a bug in our shape pass, by design
-                raise progress.error(err) from err
+        try:
+            shapes = static_shapes(graph_def, tf_graph)
+        except Exception as err:  # noqa: BLE001 - a bug in our shape pass, by design
+            progress = rewriter.errors.Progress()
+            progress.phase = "static shapes"
+            raise progress.error(err) from err
         result = self.rewrite(graph_def, preserve=[node_name(o) for o in outputs], shapes=shapes,
                               feeds=[node_name(i) for i in inputs])
         return FusedGraph(graph_def, result.graph_def, result.fusions, result.refusals, inputs,
