@@ -45,7 +45,10 @@ def _parse_path(text: str) -> str:
     return text.strip()
 
 
-PASSES = ("pointwise", "reduce")
+# pointwise: the elementwise partitioner; reduce: reductions in its groups; epilogue: per-channel
+# affine maps and activations after convolutions and MatMuls run by TensorFlow's fused kernels
+PASSES = ("pointwise", "reduce", "epilogue")
+ON_BY_DEFAULT = ("pointwise", "epilogue")
 
 
 def _parse_passes(text: str) -> tuple:
@@ -164,11 +167,11 @@ _SPECS: dict[str, _Spec] = {
         DFX_FLAGS_ENV, _parse_path, "a directory path", "autofuse_debug",
         "where --codegen_compile_debug writes its files"),
     "autofuse_enable_pass": _Spec(
-        FLAGS_ENV, _parse_passes, "a comma-separated list of pointwise, reduce", (),
+        FLAGS_ENV, _parse_passes, "a comma-separated list of " + ", ".join(PASSES), (),
         "fusion passes to turn on (reduce is off by default)"),
     "autofuse_disable_pass": _Spec(
-        FLAGS_ENV, _parse_passes, "a comma-separated list of pointwise, reduce", (),
-        "fusion passes to turn off (disabling pointwise turns all fusion off)"),
+        FLAGS_ENV, _parse_passes, "a comma-separated list of " + ", ".join(PASSES), (),
+        "fusion passes to turn off (disabling pointwise turns all elementwise fusion off)"),
     "recomputation_threshold": _Spec(
         FLAGS_ENV, _parse_count, "an integer >= 0", _POLICY.recomputation_threshold,
         "most compute ops a fused kernel recomputes instead of reading another kernel's "
@@ -249,10 +252,10 @@ class Flags:
         return dataclasses.replace(self, **values)
 
     def pass_enabled(self, name: str) -> bool:
-        """pointwise: unless disabled; reduce: when enabled and not disabled."""
+        """pointwise and epilogue: unless disabled; reduce: when enabled and not disabled."""
         if name in self.autofuse_disable_pass:
             return False
-        return name == "pointwise" or name in self.autofuse_enable_pass
+        return name in ON_BY_DEFAULT or name in self.autofuse_enable_pass
 
 
 assert {f.name for f in dataclasses.fields(Flags)} == set(_SPECS), "Flags and _SPECS disagree"

@@ -28,7 +28,7 @@ from tensorflow.core.framework import graph_pb2
 
 from . import profiling, rewriter
 from .flags import COST_MODELS as _FLAG_COST_MODELS
-from .flags import PASSES
+from .flags import ON_BY_DEFAULT, PASSES
 from .rewriter import catalog, cost, unfold
 from .rewriter.graph import GraphView, merge_shapes, node_name
 from .rewriter.patterns import Pattern
@@ -115,8 +115,8 @@ _OPTIONS = {
                                 _DEFAULTS.recomputation_threshold,
                                 "most compute ops a kernel recomputes instead of reading another "
                                 "kernel's output; 0 never recomputes"),
-    "passes": (_parse_passes, "a list of pass names from " + ", ".join(PASSES), ("pointwise",),
-               "the automatic partitioner's passes; without pointwise it fuses nothing"),
+    "passes": (_parse_passes, "a list of pass names from " + ", ".join(PASSES), ON_BY_DEFAULT,
+               "the automatic passes; without pointwise no elementwise group is fused"),
     "skip_node_names": (_parse_names, "a list of node names", frozenset(),
                         "nodes never fused"),
     "skip_op_types": (_parse_names, "a list of op types", frozenset(), "op types never fused"),
@@ -191,6 +191,7 @@ class FuserConfig:
             max_inputs=values["max_input_nums_after_fuse"],
             pointwise="pointwise" in values["passes"],
             reduce="reduce" in values["passes"],
+            epilogue="epilogue" in values["passes"],
             recomputation_threshold=values["recomputation_threshold"],
             skip_names=frozenset(values["skip_node_names"]),
             skip_types=frozenset(values["skip_op_types"]),

@@ -5,8 +5,11 @@
     partition.py  which nodes fuse (policy, with a reason for every refusal)
     cost.py       the cost models the partitioner may consult (memory_bandwidth, ...)
     patterns.py   user patterns (Pattern), run before the partitioner
+    epilogue.py   convolutions' and MatMuls' per-channel maps and activations, handed to
+                  TensorFlow's own fused kernels (_FusedConv2D, ...), run before the partitioner
     unfold.py     TensorFlow's fused elementwise nodes (oneDNN's _MklSwish) read as their ops
     lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
+    output_views.py  a Reshape (Squeeze, ExpandDims) of a fused output stored as its view
     scope.py      disable_autofuse(): the attr that keeps nodes out of every fusion
     naming.py     autofuse_<kind>_<n>_<Op>_<Op>...
     errors.py     what an unexpected exception becomes (a group's refusal, or AutofuseError)
@@ -26,6 +29,8 @@ from .errors import AutofuseError
 from .graph import GraphView, Shape, node_name
 from .lower import Unfusible, build, keeps_name, reads_view_node
 from .naming import Namer
+from .output_views import absorb_output_views
+from .epilogue import Epilogue, fuse_epilogues
 from .partition import Policy, Refusal, find_groups, lowering, plan_recomputation
 from .patterns import Pattern, PatternGraph, apply_patterns
 from .splice import FUSED_OP, Planned, splice
@@ -52,6 +57,7 @@ class Rewrite:
     graph_def: graph_pb2.GraphDef
     fusions: list  # of Fusion
     refusals: list  # of Refusal (node, reason)
+    epilogues: list = dataclasses.field(default_factory=list)  # of epilogue.Epilogue
 
 
 def policy_from_flags(flags, preserve=frozenset()) -> Policy:
@@ -71,6 +77,7 @@ def policy_from_flags(flags, preserve=frozenset()) -> Policy:
         max_inputs=int(getattr(flags, "max_input_nums_after_fuse", DEFAULTS.max_inputs)),
         pointwise="pointwise" not in disable,
         reduce="reduce" in enable and "reduce" not in disable,
+        epilogue="epilogue" not in disable,
         recomputation_threshold=int(getattr(flags, "recomputation_threshold",
                                             DEFAULTS.recomputation_threshold)),
         skip_names=frozenset(getattr(skip, "names", ()) or ()),
@@ -123,8 +130,8 @@ def rewrite(
 
 def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, shapes,
              patterns: tuple) -> Rewrite:
-    """rewrite() in its phases: unfold, claim patterns, partition, plan recomputation, lower,
-    splice, refold."""
+    """rewrite() in its phases: unfold, epilogues, claim patterns, partition, plan
+    recomputation, lower, splice, refold."""
     feeds = policy.feeds
 
     def unchanged() -> graph_pb2.GraphDef:  # a copy, made only when nothing is fused
@@ -132,14 +139,22 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         copy.CopyFrom(source)
         return copy
 
+    def without_groups() -> graph_pb2.GraphDef:  # no group fused: the epilogues alone, if any
+        return refold_graph(graph_def, unfolded) if taken else unchanged()
+
     candidates = catalog.candidate_op_types() | FOLDED_OPS
     auto = policy.auto and policy.pointwise
-    if policy.max_fusion_size <= 0 or not (auto or patterns) or not any(
+    epilogues = policy.auto and policy.epilogue
+    if policy.max_fusion_size <= 0 or not (auto or patterns or epilogues) or not any(
             node.op in candidates for node in source.node):
         return Rewrite(unchanged(), [], [])
 
     errors.phase("unfold")
     graph_def, shapes, unfolded = unfold_graph(source, shapes)
+    epilogue_refusals, taken = [], []
+    if epilogues:
+        errors.phase("epilogues")
+        graph_def, shapes, taken, epilogue_refusals = fuse_epilogues(graph_def, shapes, policy)
     view = GraphView(graph_def, shapes)
 
     def absorbable(name: str, members) -> bool:
@@ -151,10 +166,11 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
                 and view.device_type(name) == "CPU" and len(view.data_inputs(name)) >= 1
                 and "_class" not in node.attr)
 
-    claims, refusals, groups, served = [], [], [], {}
+    claims, refusals, groups, served = [], list(epilogue_refusals), [], {}
     if patterns:
         errors.phase("patterns")
-        claims, excluded, refusals = apply_patterns(view, patterns, policy, absorbable)
+        claims, excluded, claim_refusals = apply_patterns(view, patterns, policy, absorbable)
+        refusals += claim_refusals
         policy = dataclasses.replace(policy, excluded=tuple(excluded.items()))
     if auto:
         errors.phase("partition")
@@ -196,11 +212,16 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
             continue
         add(lowered.kind, lowered.op_types, tuple(group.members), group.device, lowered)
     if not plans:
-        return Rewrite(unchanged(), [], refusals)
+        return Rewrite(without_groups(), [], refusals, taken)
+    errors.phase("output views")
+    plans = absorb_output_views(view, plans, preserve | feeds)
+    fusions = [dataclasses.replace(fusion, program=plan.lowered.program.print(),
+                                   absorbed=plan.lowered.absorbed)
+               for fusion, plan in zip(fusions, plans)]
     errors.phase("splice")
     spliced = splice(view, plans, preserve | feeds)
     errors.phase("refold")
-    return Rewrite(refold_graph(spliced, unfolded), fusions, refusals)
+    return Rewrite(refold_graph(spliced, unfolded), fusions, refusals, taken)
 
 
 def _lower_group(view: GraphView, group, policy: Policy, served: dict, absorbable):

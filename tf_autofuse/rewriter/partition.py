@@ -50,6 +50,7 @@ class Policy:
     max_inputs: int = 8
     pointwise: bool = True
     reduce: bool = False
+    epilogue: bool = True  # convolutions' and MatMuls' epilogues into TF's fused kernels
     recomputation_threshold: int = 0
     skip_names: frozenset = frozenset()
     skip_types: frozenset = frozenset()

@@ -1,0 +1,246 @@
+"""Convolution and MatMul epilogues handed to TensorFlow's fused kernels (rewriter/epilogue.py):
+the rewritten graph's structure, its numbers against the unfused graph and a float64 run of
+the same graph, and the reason of each epilogue left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_autofuse
+from tf_autofuse import rewriter
+from tf_autofuse.fuser import static_shapes
+from tf_autofuse.rewriter import epilogue
+
+tf1 = tf.compat.v1
+RNG = np.random.default_rng(7)
+
+pytestmark = pytest.mark.skipif(not tf_autofuse.is_available(),
+                                reason="tf_autofuse's kernel library is not available")
+
+
+def _values(*shape, low=-1.0, high=1.0):
+    return RNG.uniform(low, high, shape)
+
+
+class Net:
+    """One graph built twice from the same float64 values: in float32 (rewritten and run
+    unfused) and in float64 (the reference)."""
+
+    def __init__(self, build, x_shape):
+        self.x = _values(*x_shape)
+        self.graphs = {}
+        for dtype in (tf.float32, tf.float64):
+            g = tf.Graph()
+            with g.as_default():
+                x = tf1.placeholder(dtype, x_shape, name="x")
+                out = build(x, lambda v: tf.constant(np.asarray(v), dtype))
+                tf.identity(out, name="out")
+            self.graphs[dtype] = g
+
+    def rewrite(self, **policy):
+        g = self.graphs[tf.float32]
+        graph_def = g.as_graph_def()
+        return rewriter.rewrite(graph_def, preserve=["out", "x"], feeds=["x"],
+                                shapes=static_shapes(graph_def, g),
+                                policy=rewriter.Policy(**policy))
+
+    def run(self, graph_def=None, dtype=tf.float32):
+        if graph_def is None:
+            graph_def = self.graphs[dtype].as_graph_def()
+        g = tf.Graph()
+        with g.as_default():
+            tf1.import_graph_def(graph_def, name="")
+        config = tf1.ConfigProto()
+        config.graph_options.rewrite_options.disable_meta_optimizer = True  # the graph as given
+        with tf1.Session(graph=g, config=config) as session:
+            return session.run("out:0", {"x:0": self.x.astype(dtype.as_numpy_dtype)})
+
+    def check_numbers(self, result):
+        """Fused vs unfused float32 and the float64 run: no worse than unfused, up to rounding."""
+        fused = self.run(result.graph_def).astype(np.float64)
+        unfused = self.run().astype(np.float64)
+        exact = self.run(dtype=tf.float64)
+        scale = np.max(np.abs(exact))
+        unfused_error = np.max(np.abs(unfused - exact)) / scale
+        fused_error = np.max(np.abs(fused - exact)) / scale
+        assert fused_error <= 2 * unfused_error + 4 * np.finfo(np.float32).eps, (
+            fused_error, unfused_error)
+
+
+def _ops(graph_def):
+    return sorted(n.op for n in graph_def.node if n.op not in ("Const", "Placeholder", "Identity"))
+
+
+def _node(graph_def, name):
+    return next(n for n in graph_def.node if n.name == name)
+
+
+def _fused_ops(node):
+    return [s.decode() for s in node.attr["fused_ops"].list.s]
+
+
+def _batch_norm(y, c, channels, eps=1e-3):
+    """Keras 3's BatchNormalization in inference, as its TensorFlow ops compute it."""
+    def vector(v):
+        return tf.reshape(c(v), [1] * (len(y.shape) - 1) + [channels])
+    gamma, beta = vector(_values(channels, low=0.5)), vector(_values(channels))
+    mean, var = vector(_values(channels)), vector(_values(channels, low=0.2, high=2.0))
+    inv = tf.math.rsqrt(var + eps) * gamma
+    return y * inv + (beta - mean * inv)
+
+
+def _conv(x, c, channels_out, bias=True):
+    y = tf.nn.conv2d(x, c(_values(3, 3, x.shape[-1], channels_out)), 1, "SAME")
+    return tf.nn.bias_add(y, c(_values(channels_out))) if bias else y
+
+
+def test_conv_bias_batch_norm_relu_is_one_fused_convolution():
+    net = Net(lambda x, c: tf.nn.relu(_batch_norm(_conv(x, c, 8), c, 8)), (2, 9, 9, 4))
+    result = net.rewrite()
+    assert [e.op for e in result.epilogues] == ["_FusedConv2D"]
+    fused = _node(result.graph_def, result.epilogues[0].name)
+    assert _fused_ops(fused) == ["FusedBatchNorm", "Relu"]
+    assert fused.attr["epsilon"].f == 0.0
+    # the scale and offset are computed per step by one fused kernel of [C] values, stored as
+    # [C] vectors (output views): no Reshape kernel is left
+    assert _ops(result.graph_def) == ["AutofuseKernel", "_FusedConv2D"]
+    kernel = next(n for n in result.graph_def.node if n.op == "AutofuseKernel")
+    assert "-> [8]" in kernel.attr["program"].s.decode()
+    net.check_numbers(result)
+
+
+def test_centred_batch_norm_passes_the_mean_itself():
+    def build(x, c):
+        y = tf.nn.conv2d(x, c(_values(1, 1, 4, 6)), 1, "VALID")
+        y = (y - c(_values(6))) * c(_values(6, low=0.5)) + c(_values(6))
+        return tf.nn.relu6(y)
+
+    net = Net(build, (1, 5, 5, 4))
+    result = net.rewrite()
+    fused = _node(result.graph_def, result.epilogues[0].name)
+    assert _fused_ops(fused) == ["FusedBatchNorm", "Relu6"]
+    mean = _node(result.graph_def, fused.input[4].split(":")[0])
+    assert mean.op == "Const"  # the graph's own vector, not a computed one
+    assert _ops(result.graph_def) == ["_FusedConv2D"]
+    net.check_numbers(result)
+
+
+@pytest.mark.parametrize("activation", ["Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"])
+def test_matmul_bias_and_activation(activation):
+    act = {"Relu": tf.nn.relu, "Relu6": tf.nn.relu6, "Elu": tf.nn.elu, "Tanh": tf.tanh,
+           "LeakyRelu": lambda v: tf.nn.leaky_relu(v, alpha=0.3), "Sigmoid": tf.sigmoid}
+    net = Net(lambda x, c: act[activation](tf.matmul(x, c(_values(6, 5))) + c(_values(5))),
+              (7, 6))
+    result = net.rewrite()
+    assert [e.op for e in result.epilogues] == ["_FusedMatMul"]
+    fused = _node(result.graph_def, result.epilogues[0].name)
+    assert _fused_ops(fused) == ["BiasAdd", activation]
+    if activation == "LeakyRelu":
+        assert fused.attr["leakyrelu_alpha"].f == pytest.approx(0.3)
+    assert _ops(result.graph_def) == ["_FusedMatMul"]
+    net.check_numbers(result)
+
+
+def test_matmul_scale_folds_into_a_small_weight_matrix():
+    net = Net(lambda x, c: tf.nn.relu(tf.matmul(x, c(_values(3, 4))) * c(_values(4, low=0.5))
+                                      + c(_values(4))), (64, 3))
+    result = net.rewrite()
+    fused = _node(result.graph_def, result.epilogues[0].name)
+    assert fused.op == "_FusedMatMul" and _fused_ops(fused) == ["BiasAdd", "Relu"]
+    net.check_numbers(result)
+
+
+def test_a_scale_is_not_folded_into_weights_larger_than_the_output():
+    net = Net(lambda x, c: tf.nn.relu(tf.matmul(x, c(_values(16, 32))) * c(_values(32))),
+              (2, 16))
+    result = net.rewrite()
+    assert not result.epilogues
+    assert any("scaling the filter each step would cost more" in r.reason
+               for r in result.refusals)
+    assert "MatMul" in _ops(result.graph_def)
+
+
+def test_depthwise_batch_norm_folds_its_scale_into_the_filter():
+    def build(x, c):
+        y = tf.nn.depthwise_conv2d(x, c(_values(3, 3, 4, 2)), [1, 1, 1, 1], "SAME")
+        return tf.nn.relu6(_batch_norm(y, c, 8))
+
+    net = Net(build, (1, 10, 10, 4))
+    result = net.rewrite()
+    if "Relu6" not in epilogue.accepts("depthwise"):
+        assert not result.epilogues
+        assert any("does not apply it" in r.reason for r in result.refusals)
+        return
+    fused = _node(result.graph_def, result.epilogues[0].name)
+    assert fused.op == "_FusedDepthwiseConv2dNative"
+    assert _fused_ops(fused) == ["BiasAdd", "Relu6"]
+    net.check_numbers(result)
+
+
+def test_swish_after_a_convolution():
+    def build(x, c):
+        y = _conv(x, c, 6)
+        return y * tf.sigmoid(y)
+
+    net = Net(build, (1, 6, 6, 3))
+    result = net.rewrite()
+    if epilogue.SWISH in epilogue.accepts("conv"):
+        fused = _node(result.graph_def, result.epilogues[0].name)
+        assert _fused_ops(fused) == ["BiasAdd", epilogue.SWISH]
+    else:
+        assert not result.epilogues
+        assert any("_MklSwish" in r.reason and "does not apply it" in r.reason
+                   for r in result.refusals)
+    net.check_numbers(result)
+
+
+def test_without_onednn_an_activation_eigen_lacks_is_refused_with_its_reason(monkeypatch):
+    monkeypatch.setattr(epilogue, "onednn", lambda: False)
+    net = Net(lambda x, c: tf.sigmoid(_conv(x, c, 4)), (1, 5, 5, 2))
+    result = net.rewrite()
+    assert not result.epilogues
+    (reason,) = [r.reason for r in result.refusals if "epilogue" in r.reason]
+    assert reason == ("Conv2D epilogue with Sigmoid: TensorFlow's _FusedConv2D (Eigen "
+                      "(oneDNN off)) does not apply it")
+    assert "Conv2D" in _ops(result.graph_def)  # left to TensorFlow; the Add and Sigmoid fuse
+    net.check_numbers(result)
+
+
+def test_a_fetched_intermediate_keeps_the_operator_apart():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 3], name="x")
+        y = tf.matmul(x, tf.constant(_values(3, 5), tf.float32), name="product")
+        tf.identity(tf.nn.relu(y + tf.constant(_values(5), tf.float32)), name="out")
+    graph_def = g.as_graph_def()
+    result = rewriter.rewrite(graph_def, preserve=["out", "x", "product"], feeds=["x"],
+                              shapes=static_shapes(graph_def, g))
+    assert not result.epilogues
+    assert _node(result.graph_def, "product").op == "MatMul"
+
+
+def test_the_pass_is_idempotent_and_can_be_turned_off():
+    net = Net(lambda x, c: tf.nn.relu(_batch_norm(_conv(x, c, 8), c, 8)), (1, 6, 6, 4))
+    once = net.rewrite().graph_def
+    shapes = static_shapes(once)
+    twice = rewriter.rewrite(once, preserve=["out", "x"], feeds=["x"], shapes=shapes).graph_def
+    assert twice.SerializeToString(deterministic=True) == once.SerializeToString(
+        deterministic=True)
+    off = net.rewrite(epilogue=False)
+    assert not off.epilogues and "Conv2D" in _ops(off.graph_def)
+    fuser = tf_autofuse.Fuser(passes=["pointwise"])
+    assert fuser.config.policy().epilogue is False
+    assert tf_autofuse.Fuser().config.policy().epilogue is True
+
+
+def test_a_reshape_of_a_fused_output_becomes_its_output_view():
+    net = Net(lambda x, c: tf.matmul(tf.reshape(tf.exp(tf.abs(x)), [4, 6]), c(_values(6, 2))),
+              (2, 2, 6))
+    result = net.rewrite()
+    assert "Reshape" not in _ops(result.graph_def)
+    (kernel,) = [n for n in result.graph_def.node if n.op == "AutofuseKernel"]
+    assert kernel.attr["program"].s.decode().endswith("out0 = %1 -> [4,6]\n")
+    assert result.fusions[0].absorbed
+    net.check_numbers(result)

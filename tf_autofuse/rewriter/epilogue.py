@@ -1,0 +1,525 @@
+"""Elementwise epilogues of convolutions and matrix multiplications, run by TensorFlow's own
+fused kernels.
+
+A Conv2D, DepthwiseConv2dNative or MatMul whose output goes, through nodes that nothing else
+reads, into a per-output-channel affine map and an activation
+
+    y = act(((op(x, W) [+ b]) - m) * s + t)        m, s, t: one value per output channel
+
+becomes one `_FusedConv2D` / `_FusedDepthwiseConv2dNative` / `_FusedMatMul` node, which applies
+the map and the activation to each output tile while it is in cache: the operator's output is
+written once and never read back by an elementwise kernel. Keras 3's BatchNormalization in
+inference is such a map on variables (s = gamma * rsqrt(var + eps), t = beta - mean * s),
+which TensorFlow's remapper does not see; a BiasAdd or Add of a channel vector is the form
+without s and t, Sub of one the form with m alone.
+
+How the map reaches the fused kernel:
+  FusedBatchNorm  (Conv2D) args (scale s, offset t', mean m, variance 1), epsilon 0: TensorFlow
+                  computes (v - m) * (rsqrt(1 + 0) * s) + t'. An added channel vector c (the
+                  convolution's own bias) moves into the offset, t' = c * s + t, computed by
+                  graph nodes the partitioner fuses with whatever computes s and t. The filter
+                  is untouched, so no per-step copy of the weights.
+  folded scale    (DepthwiseConv2dNative, MatMul) the filter W * s and the bias c * s + t (or
+                  t - m * s), computed each step by graph nodes, then BiasAdd: only where the
+                  filter has fewer elements than the output, so that scaling it costs less than
+                  the pass over the output it saves.
+  BiasAdd         no scale: the bias c (or -m).
+
+What the fused kernels accept depends on TensorFlow's CPU build: with oneDNN (TensorFlow's
+default on x86 Linux) more activations, and a depthwise kernel, than with Eigen alone. `ACCEPTS`
+lists both, as TensorFlow's CPU kernels define them; a chain they do not accept stays as it is,
+with its reason. Only float32 is rewritten: the fused kernels' 16-bit support differs between
+the two builds and within oneDNN by CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
+
+from . import catalog
+from .graph import GraphView, Tensor, parse_input, tensor_name
+from .partition import Refusal
+from .scope import ATTR as DISABLE_ATTR
+
+PASS = "epilogue"
+
+# operator type -> (fused op type, family); a fused op is taken only when it adds a BiasAdd alone
+_FAMILY = {
+    "Conv2D": ("_FusedConv2D", "conv"),
+    "_FusedConv2D": ("_FusedConv2D", "conv"),
+    "DepthwiseConv2dNative": ("_FusedDepthwiseConv2dNative", "depthwise"),
+    "_FusedDepthwiseConv2dNative": ("_FusedDepthwiseConv2dNative", "depthwise"),
+    "MatMul": ("_FusedMatMul", "matmul"),
+    "_FusedMatMul": ("_FusedMatMul", "matmul"),
+}
+SWISH = "_MklSwish"
+_PLAIN_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
+
+# family -> activations its fused kernel applies after a BiasAdd (after FusedBatchNorm: the same,
+# for convolutions only); "" is none.
+_EIGEN = {
+    "conv": frozenset({"", "Relu", "Relu6", "Elu", "LeakyRelu"}),
+    "depthwise": frozenset(),  # no CPU kernel without oneDNN
+    "matmul": frozenset({"", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"}),
+}
+_ONEDNN = {
+    "conv": frozenset({"", "Relu", "Relu6", "Elu", "LeakyRelu", SWISH}),
+    "depthwise": frozenset({"", "Relu", "Relu6", "Elu"}),
+    "matmul": frozenset({"", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"}),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def onednn() -> bool:
+    """Whether this process's TensorFlow runs its CPU kernels through oneDNN (which reads
+    TF_ENABLE_ONEDNN_OPTS once, at its first use)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return False
+
+
+def accepts(family: str) -> frozenset:
+    return (_ONEDNN if onednn() else _EIGEN)[family]
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """One operator that took its epilogue: the node (named as the chain's last node), the
+    nodes it replaced, and the fused ops TensorFlow's kernel applies."""
+
+    name: str
+    op: str
+    nodes: tuple
+    fused_ops: tuple
+
+
+@dataclasses.dataclass
+class _Chain:
+    """What follows an operator: y = act(((v + add) - sub) * scale + shift)."""
+
+    op: str  # the operator node
+    family: str
+    channels: int
+    nodes: list  # the epilogue's nodes, in order (the last one is replaced)
+    add: Optional[Tensor] = None  # a channel vector added (the operator's own bias included)
+    sub: Optional[Tensor] = None  # a channel vector subtracted
+    scale: Optional[Tensor] = None
+    shift: Optional[Tensor] = None
+    activation: str = ""
+    alpha: Optional[float] = None  # LeakyRelu's
+
+
+class _Editor:
+    """The new graph: replaced nodes, added nodes and their static shapes."""
+
+    def __init__(self, view: GraphView, shapes):
+        self.view = view
+        self.shapes = dict(shapes or {})
+        self.taken = {node.name for node in view.nodes}
+        self.added: list = []
+        self.replaced: dict = {}  # name -> the node standing in its place
+        self.removed: set = set()
+
+    def shape(self, tensor: Tensor):
+        """The static shape of a tensor of the graph or of a node added here (a tuple)."""
+        shapes = self.shapes.get(tensor[0]) or ()
+        shape = shapes[tensor[1]] if tensor[1] < len(shapes) else None
+        if shape is None and tensor[0] in self.view:
+            shape = self.view.tensor_shape(tensor)
+        return None if shape is None else tuple(shape)
+
+    def unique(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    def node(self, base: str, op: str, inputs, device: str, shape, **attrs) -> Tensor:
+        node = node_def_pb2.NodeDef(name=self.unique(base), op=op, device=device)
+        node.input.extend(tensor_name(t) for t in inputs)
+        for key, value in attrs.items():
+            if isinstance(value, int) and key.startswith("T"):
+                node.attr[key].type = value
+            else:
+                node.attr[key].CopyFrom(value)
+        self.added.append(node)
+        self.shapes[node.name] = [shape]
+        return (node.name, 0)
+
+    def const(self, base: str, value: np.ndarray, device: str) -> Tensor:
+        from tensorflow.python.framework import tensor_util
+
+        node = node_def_pb2.NodeDef(name=self.unique(base), op="Const", device=device)
+        proto = tensor_util.make_tensor_proto(value)
+        node.attr["dtype"].type = proto.dtype
+        node.attr["value"].tensor.CopyFrom(proto)
+        self.added.append(node)
+        self.shapes[node.name] = [tuple(value.shape)]
+        return (node.name, 0)
+
+    def graph(self, source: graph_pb2.GraphDef, protected) -> graph_pb2.GraphDef:
+        """The new graph; view nodes that only the replaced nodes read leave it too."""
+        nodes = [self.replaced.get(node.name, node) for node in source.node
+                 if node.name not in self.removed] + self.added
+        while True:
+            read = {parse_input(text)[0] for node in nodes for text in node.input}
+            dead = {node.name for node in nodes if node.op in _VIEW_OPS and node.name not in read
+                    and node.name not in protected and self.view.data_consumers(node.name)}
+            if not dead:
+                break
+            nodes = [node for node in nodes if node.name not in dead]
+        out = graph_pb2.GraphDef()
+        out.versions.CopyFrom(source.versions)
+        out.library.CopyFrom(source.library)
+        out.node.extend(nodes)
+        return out
+
+
+def fuse_epilogues(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, Sequence]],
+                   policy):
+    """(graph, shapes, [Epilogue], [Refusal]): the inputs themselves when no operator takes an
+    epilogue. The inputs are never mutated. Nodes the policy keeps out of fusion (preserved,
+    fed, skipped, in a disable_autofuse() scope) are neither operators nor epilogue nodes."""
+    if not any(node.op in _FAMILY for node in graph_def.node):
+        return graph_def, shapes, [], []
+    view = GraphView(graph_def, shapes)
+    editor = _Editor(view, shapes)
+    protected = frozenset(policy.preserve | policy.feeds | policy.skip_names) | {
+        node.name for node in view.nodes
+        if node.op in policy.skip_types or (DISABLE_ATTR in node.attr and node.attr[DISABLE_ATTR].b)}
+    done, refusals = [], []
+    for name in view.order:
+        if view.node(name).op not in _FAMILY or name in editor.removed or name in protected:
+            continue
+        chain, reason = _chain(view, name, protected)
+        if chain is None:
+            if reason:
+                refusals.append(Refusal(name, reason))
+            continue
+        reason = _rewrite(view, editor, chain)
+        if reason:
+            refusals.append(Refusal(name, reason))
+        else:
+            last = chain.nodes[-1]
+            fused = editor.replaced[last]
+            done.append(Epilogue(last, fused.op, (name, *chain.nodes),
+                                 tuple(s.decode() for s in fused.attr["fused_ops"].list.s)))
+    if not done:
+        return graph_def, shapes, [], refusals
+    return editor.graph(graph_def, protected), editor.shapes, done, refusals
+
+
+# --- matching ---------------------------------------------------------------------------------
+
+
+def _only_consumer(view: GraphView, name: str, protected: frozenset) -> Optional[str]:
+    """The one node reading `name`'s value, when `name` may disappear: else None."""
+    consumers = view.data_consumers(name)
+    if (name in protected or len(consumers) != 1 or consumers[0][2] != 0
+            or view.control_consumers(name)):
+        return None
+    return consumers[0][0]
+
+
+def _joinable(view: GraphView, name: str, device: str, dtype: int) -> bool:
+    node = view.node(name)
+    return (node.device == device and not view.control_inputs(name) and "_class" not in node.attr
+            and view.dtype(name) == dtype)
+
+
+def _channel_operand(view: GraphView, name: str, value: Tensor, channels: int, protected):
+    """The operand of binary node `name` that is not `value`, when it is a vector of one value
+    per channel (shape [C], or [1,...,1,C] of no higher rank than the value)."""
+    node = view.node(name)
+    inputs = view.data_inputs(name)
+    if len(inputs) != 2 or value not in inputs or inputs[0] == inputs[1]:
+        return None
+    if node.op == "BiasAdd":
+        fmt = node.attr["data_format"].s.decode() if "data_format" in node.attr else "NHWC"
+        if inputs[0] != value or fmt != "NHWC":
+            return None
+    other = inputs[1] if inputs[0] == value else inputs[0]
+    shape, value_shape = view.tensor_shape(other), view.tensor_shape(value)
+    if shape is None or value_shape is None or len(shape) > len(value_shape) or not shape:
+        return None
+    if shape[-1] != channels or any(d != 1 for d in shape[:-1]):
+        return None
+    return _through_views(view, other, channels, protected)
+
+
+_VIEW_OPS = ("Reshape", "Squeeze", "ExpandDims")
+
+
+def _through_views(view: GraphView, tensor: Tensor, channels: int, protected) -> Tensor:
+    """The tensor a chain of view nodes reshaped into `tensor` (a channel vector), read in its
+    stead when it is a channel vector itself: Keras reshapes a layer's [C] bias to
+    [1,1,1,C] and TensorFlow's remapper squeezes it back for its fused kernel."""
+    best = tensor
+    while (tensor[1] == 0 and view.node(tensor[0]).op in _VIEW_OPS
+           and tensor[0] not in protected and not view.control_inputs(tensor[0])
+           and not view.control_consumers(tensor[0])):
+        tensor = view.data_inputs(tensor[0])[0]
+        shape = view.tensor_shape(tensor)
+        if shape is None or int(np.prod(shape)) != channels or (shape and shape[-1] != channels):
+            break
+        best = tensor
+    return best
+
+
+def _chain(view: GraphView, name: str, protected: frozenset):
+    """(the epilogue after operator `name`, None), or (None, why not: "" when nothing follows
+    that an epilogue could take)."""
+    node = view.node(name)
+    fused_op, family = _FAMILY[node.op]
+    has_bias = False
+    if node.op.startswith("_"):
+        ops = [s.decode() for s in node.attr["fused_ops"].list.s]
+        if ops != ["BiasAdd"]:
+            return None, ""
+        has_bias = True
+    if view.device_type(name) != "CPU":
+        return None, (f"{node.op} epilogue: TensorFlow's fused kernels are used on CPUs only; on "
+                      f"{view.device_type(name)} the epilogue is fused as a kernel of its own")
+    shape = view.output_shape(name)
+    channels = shape[-1] if shape else -1
+    chain = _Chain(name, family, channels, [])
+    if has_bias:
+        chain.add = _through_views(view, view.data_inputs(name)[2], channels, protected)
+    value, device, dtype = (name, 0), node.device, view.dtype(name)
+    # the stages in their order: each takes the node reading the value, or leaves it
+    stage = "centre" if not has_bias else "scale"
+    while True:
+        reader = _only_consumer(view, value[0], protected)
+        if reader is None or not _joinable(view, reader, device, dtype):
+            break
+        op = view.node(reader).op
+        if stage == "centre" and op in ("BiasAdd", "Add", "AddV2", "Sub"):
+            vector = _channel_operand(view, reader, value, channels, protected)
+            if vector is None or (op == "Sub" and view.data_inputs(reader)[0] != value):
+                break
+            if op == "Sub":
+                chain.sub = vector
+            else:
+                chain.add = vector
+            stage = "scale"
+        elif stage in ("centre", "scale") and op == "Mul":
+            vector = _channel_operand(view, reader, value, channels, protected)
+            if vector is None:
+                break
+            chain.scale, stage = vector, "shift"
+        elif stage == "shift" and op in ("BiasAdd", "Add", "AddV2"):
+            vector = _channel_operand(view, reader, value, channels, protected)
+            if vector is None:
+                break
+            chain.shift, stage = vector, "activation"
+        else:
+            break
+        chain.nodes.append(reader)
+        value = (reader, 0)
+    _activation(view, chain, value, protected, device, dtype)
+    if not chain.nodes:
+        return None, ""
+    if dtype != types_pb2.DT_FLOAT:
+        return None, f"{node.op} epilogue: only float32 operators take one"
+    if channels is None or channels <= 0:
+        return None, f"{node.op} epilogue: the number of output channels is not known"
+    if family == "conv" and node.attr["data_format"].s not in (b"", b"NHWC"):
+        return None, f"{node.op} epilogue: data_format {node.attr['data_format'].s.decode()}"
+    return chain, None
+
+
+def _activation(view: GraphView, chain: _Chain, value: Tensor, protected, device,
+                dtype) -> None:
+    """Take the activation reading `value`, if any: one of _PLAIN_ACTIVATIONS, or swish
+    (value * Sigmoid(value), in either operand order)."""
+    consumers = view.data_consumers(value[0])
+    if value[0] in protected or view.control_consumers(value[0]) or not 1 <= len(consumers) <= 2:
+        return
+    readers = {c for c, _, _ in consumers}
+    if not all(_joinable(view, r, device, dtype) for r in readers):
+        return
+    if len(consumers) == 1:
+        reader = consumers[0][0]
+        node = view.node(reader)
+        if node.op in _PLAIN_ACTIVATIONS:
+            chain.activation = node.op
+            if node.op == "LeakyRelu":
+                chain.alpha = float(node.attr["alpha"].f) if "alpha" in node.attr else 0.2
+            chain.nodes.append(reader)
+        return
+    if len(readers) != 2:
+        return
+    sigmoid = [r for r in readers if view.node(r).op == "Sigmoid"]
+    mul = [r for r in readers if view.node(r).op == "Mul"]
+    if len(sigmoid) != 1 or len(mul) != 1 or sorted(view.data_inputs(mul[0])) != sorted(
+            [value, (sigmoid[0], 0)]):
+        return
+    if _only_consumer(view, sigmoid[0], protected) != mul[0]:
+        return
+    chain.activation = SWISH
+    chain.nodes.extend([sigmoid[0], mul[0]])
+
+
+# --- rewriting --------------------------------------------------------------------------------
+
+
+def _rewrite(view: GraphView, editor: _Editor, chain: _Chain) -> Optional[str]:
+    """Replace the chain by one fused node, or say why not (the graph is then unchanged)."""
+    node = view.node(chain.op)
+    fused_op, family = _FAMILY[node.op]
+    if chain.activation not in accepts(family):
+        build = "oneDNN" if onednn() else "Eigen (oneDNN off)"
+        act = chain.activation or "no activation"
+        return (f"{node.op} epilogue with {act}: TensorFlow's {fused_op} ({build}) does not "
+                "apply it")
+    if chain.scale is not None and family != "conv" and not _fold_pays(view, chain):
+        return (f"{node.op} epilogue: scaling the filter each step would cost more than the "
+                "pass over the output it saves")
+    last = chain.nodes[-1]
+    base = f"{last}/epilogue"
+    device = node.device
+    inputs = view.data_inputs(chain.op)[:2]
+    vec = functools.partial(_vector, editor, base, device, chain.channels)
+    if chain.scale is None:
+        fused_ops = ["BiasAdd"]
+        bias = (vec(chain.add, "bias") if chain.add is not None
+                else _negated(view, editor, base, device, vec(chain.sub, "bias"), chain.channels)
+                if chain.sub is not None else editor.const(f"{base}/zeros",
+                                                           np.zeros(chain.channels, np.float32),
+                                                           device))
+        args = [bias]
+    elif family == "conv":
+        fused_ops = ["FusedBatchNorm"]
+        # the offset is computed in the shapes the graph gives s and t, so that the partitioner
+        # fuses it with what computes them; the vectors are views of that kernel's outputs
+        offset = chain.shift
+        if chain.add is not None:
+            moved = _binary(view, editor, f"{base}/moved_bias", "Mul", chain.add, chain.scale,
+                            device)
+            offset = moved if offset is None else _binary(view, editor, f"{base}/offset",
+                                                          "AddV2", moved, offset, device)
+        zeros = editor.const(f"{base}/zeros", np.zeros(chain.channels, np.float32), device)
+        ones = editor.const(f"{base}/ones", np.ones(chain.channels, np.float32), device)
+        mean = vec(chain.sub, "mean") if chain.sub is not None else zeros
+        args = [vec(chain.scale, "scale"), vec(offset, "offset") if offset is not None else zeros,
+                mean, ones]
+    else:
+        fused_ops = ["BiasAdd"]
+        inputs = [inputs[0], _folded_filter(view, editor, chain, base, inputs[1])]
+        args = [vec(_folded_bias(view, editor, chain, base), "bias")]
+    if chain.activation:
+        fused_ops.append(chain.activation)
+    fused = _fused_node(node, fused_op, last, inputs + args, fused_ops, chain)
+    editor.replaced[last] = fused
+    editor.removed.update([chain.op, *chain.nodes[:-1]])
+    return None
+
+
+def _fold_pays(view: GraphView, chain: _Chain) -> bool:
+    filter_shape = view.tensor_shape(view.data_inputs(chain.op)[1])
+    out_shape = view.output_shape(chain.op)
+    if not filter_shape or not out_shape or min(*filter_shape, *out_shape) < 0:
+        return False
+    return int(np.prod(filter_shape)) < int(np.prod(out_shape))
+
+
+def _vector(editor: _Editor, base: str, device: str, channels: int, tensor: Tensor,
+            role: str) -> Tensor:
+    """`tensor` as a [C] vector: itself, the [C] tensor a view node reshaped, or a Reshape."""
+    if editor.shape(tensor) == (channels,):
+        return tensor
+    source = editor.view.node(tensor[0]) if tensor[0] in editor.view else None
+    if source is not None and source.op in ("Reshape", "ExpandDims") and tensor[1] == 0:
+        inner = editor.view.data_inputs(tensor[0])[0]
+        if editor.shape(inner) == (channels,):
+            return inner
+    target = editor.const(f"{base}/{role}_shape", np.array([channels], np.int32), device)
+    node = editor.node(f"{base}/{role}", "Reshape", [tensor, target], device, (channels,),
+                       T=types_pb2.DT_FLOAT, Tshape=types_pb2.DT_INT32)
+    return node
+
+
+def _binary(view: GraphView, editor: _Editor, base: str, op: str, a: Tensor, b: Tensor,
+            device: str) -> Tensor:
+    """A float32 node `op(a, b)`, with the broadcast of its operands' shapes."""
+    shapes = [editor.shape(a), editor.shape(b)]
+    return editor.node(base, op, [a, b], device, catalog.broadcast_shapes(shapes),
+                       T=types_pb2.DT_FLOAT)
+
+
+def _negated(view: GraphView, editor: _Editor, base: str, device: str, tensor: Tensor,
+             channels: int) -> Tensor:
+    value = view.const_value(tensor) if tensor[0] in view else None
+    if value is not None:
+        return editor.const(f"{base}/negated", -np.asarray(value, np.float32).reshape(-1), device)
+    return editor.node(f"{base}/negated", "Neg", [tensor], device, (channels,),
+                       T=types_pb2.DT_FLOAT)
+
+
+def _folded_filter(view: GraphView, editor: _Editor, chain: _Chain, base: str,
+                   weights: Tensor) -> Tensor:
+    """W * s, with s laid out along W's output-channel positions."""
+    node = view.node(chain.op)
+    w_shape = tuple(view.tensor_shape(weights))
+    if chain.family == "depthwise":  # [H, W, in, multiplier]: channel in * multiplier + k
+        layout = (1, 1, w_shape[2], w_shape[3])
+    elif node.attr["transpose_b"].b:  # [N, K]
+        layout = (chain.channels, 1)
+    else:  # [K, N]
+        layout = (1, chain.channels)
+    target = editor.const(f"{base}/scale_layout", np.array(layout, np.int32), node.device)
+    scale = editor.node(f"{base}/filter_scale", "Reshape", [chain.scale, target], node.device,
+                        layout, T=types_pb2.DT_FLOAT, Tshape=types_pb2.DT_INT32)
+    return editor.node(f"{base}/filter", "Mul", [weights, scale], node.device, w_shape,
+                       T=types_pb2.DT_FLOAT)
+
+
+def _folded_bias(view: GraphView, editor: _Editor, chain: _Chain, base: str) -> Tensor:
+    """(c - m) * s + t as graph nodes (the terms that are there), in the shapes the graph gives
+    them (the partitioner fuses them with what computes s and t)."""
+    device = view.node(chain.op).device
+    shift = chain.shift
+    if chain.add is None and chain.sub is None:
+        return shift if shift is not None else editor.const(
+            f"{base}/zeros", np.zeros(chain.channels, np.float32), device)
+    centre = chain.add if chain.add is not None else chain.sub
+    term = _binary(view, editor, f"{base}/centre_scaled", "Mul", centre, chain.scale, device)
+    if chain.add is not None:
+        return term if shift is None else _binary(view, editor, f"{base}/bias", "AddV2", term,
+                                                  shift, device)
+    if shift is None:
+        return _negated(view, editor, base, device, term, chain.channels)
+    return _binary(view, editor, f"{base}/bias", "Sub", shift, term, device)
+
+
+_OPERATOR_ATTRS = {
+    "conv": ("T", "strides", "padding", "explicit_paddings", "data_format", "dilations",
+             "use_cudnn_on_gpu"),
+    "depthwise": ("T", "strides", "padding", "explicit_paddings", "data_format", "dilations"),
+    "matmul": ("T", "transpose_a", "transpose_b"),
+}
+
+
+def _fused_node(node, fused_op: str, name: str, inputs, fused_ops, chain: _Chain):
+    fused = node_def_pb2.NodeDef(name=name, op=fused_op, device=node.device)
+    fused.input.extend(tensor_name(t) for t in inputs)
+    for key in _OPERATOR_ATTRS[chain.family]:
+        if key in node.attr:
+            fused.attr[key].CopyFrom(node.attr[key])
+    n_args = len(inputs) - 2
+    fused.attr["num_args"].i = n_args
+    fused.attr["TArgs"].list.type.extend([types_pb2.DT_FLOAT] * n_args)
+    fused.attr["fused_ops"].list.s.extend(op.encode() for op in fused_ops)
+    fused.attr["epsilon"].f = 0.0
+    if chain.alpha is not None:
+        fused.attr["leakyrelu_alpha"].f = chain.alpha
+    return fused
