@@ -244,3 +244,51 @@ def test_a_reshape_of_a_fused_output_becomes_its_output_view():
     assert kernel.attr["program"].s.decode().endswith("out0 = %1 -> [4,6]\n")
     assert result.fusions[0].absorbed
     net.check_numbers(result)
+
+
+@pytest.mark.parametrize("form", ["erf", "erfc", "tanh"])
+def test_a_gelu_is_recognised_however_it_is_written(form):
+    def gelu(v):
+        if form == "erf":
+            return 0.5 * v * (1.0 + tf.math.erf(v / np.sqrt(2.0)))
+        if form == "erfc":
+            return 0.5 * v * tf.math.erfc(-v * 0.7071067811865476)
+        return 0.5 * v * (1.0 + tf.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+
+    net = Net(lambda x, c: gelu(tf.matmul(x, c(_values(6, 5))) + c(_values(5))), (9, 6))
+    result = net.rewrite()
+    wanted = "GeluApproximate" if form == "tanh" else "GeluExact"
+    if wanted not in epilogue.accepts("matmul"):
+        assert any(f"with {wanted}:" in r.reason for r in result.refusals)
+        return
+    fused = _node(result.graph_def, result.epilogues[0].name)
+    assert _fused_ops(fused) == ["BiasAdd", wanted]
+    assert _ops(result.graph_def) == ["_FusedMatMul"]
+    net.check_numbers(result)
+
+
+def test_an_elementwise_group_that_only_looks_like_an_activation_is_left_alone():
+    # a Relu clamped at 1000 equals a Relu on small values only
+    net = Net(lambda x, c: tf.minimum(tf.nn.relu(tf.matmul(x, c(_values(4, 3)))), 1000.0),
+              (5, 4))
+    result = net.rewrite()
+    fused = _node(result.graph_def, result.epilogues[0].name)
+    assert _fused_ops(fused) == ["BiasAdd", "Relu"]  # the Relu, then the Minimum apart
+    assert "Minimum" in _ops(result.graph_def)
+    net.check_numbers(result)
+
+
+def test_a_dense_layer_on_a_sequence_reshapes_after_its_fused_matmul():
+    def build(x, c):
+        rows = tf.reshape(x, [-1, 8])
+        y = tf.reshape(tf.matmul(rows, c(_values(8, 6))), [2, 5, 6])
+        return tf.nn.relu(y + c(_values(6)))
+
+    net = Net(build, (2, 5, 8))
+    result = net.rewrite()
+    (done,) = result.epilogues
+    fused = _node(result.graph_def, "MatMul")
+    assert fused.op == "_FusedMatMul" and _fused_ops(fused) == ["BiasAdd", "Relu"]
+    last = _node(result.graph_def, done.name)
+    assert last.op == "Reshape" and last.input[0] == "MatMul"
+    net.check_numbers(result)

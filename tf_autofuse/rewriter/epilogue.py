@@ -70,7 +70,8 @@ _EIGEN = {
 _ONEDNN = {
     "conv": frozenset({"", "Relu", "Relu6", "Elu", "LeakyRelu", SWISH}),
     "depthwise": frozenset({"", "Relu", "Relu6", "Elu"}),
-    "matmul": frozenset({"", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"}),
+    "matmul": frozenset({"", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid",
+                         "GeluExact", "GeluApproximate"}),
 }
 
 
@@ -115,6 +116,9 @@ class _Chain:
     shift: Optional[Tensor] = None
     activation: str = ""
     alpha: Optional[float] = None  # LeakyRelu's
+    # a Reshape between the operator and the map that keeps the channels last (a Dense layer on
+    # a [batch, sequence, features] tensor is a MatMul of the rows between two Reshapes)
+    reshape: Optional[str] = None
 
 
 class _Editor:
@@ -321,11 +325,19 @@ def _chain(view: GraphView, name: str, protected: frozenset):
             if vector is None:
                 break
             chain.shift, stage = vector, "activation"
+        elif op == "Reshape" and not chain.nodes:
+            shape = view.output_shape(reader)
+            if not shape or shape[-1] != channels:
+                break
+            chain.reshape = reader
         else:
             break
         chain.nodes.append(reader)
         value = (reader, 0)
     _activation(view, chain, value, protected, device, dtype)
+    if chain.nodes and chain.nodes[-1] == chain.reshape:  # nothing after it: not an epilogue
+        chain.nodes.pop()
+        chain.reshape = None
     if not chain.nodes:
         return None, ""
     if dtype != types_pb2.DT_FLOAT:
@@ -339,34 +351,115 @@ def _chain(view: GraphView, name: str, protected: frozenset):
 
 def _activation(view: GraphView, chain: _Chain, value: Tensor, protected, device,
                 dtype) -> None:
-    """Take the activation reading `value`, if any: one of _PLAIN_ACTIVATIONS, or swish
-    (value * Sigmoid(value), in either operand order)."""
+    """Take the activation reading `value`, if any: one of _PLAIN_ACTIVATIONS, or a group of
+    elementwise nodes that computes one of ACTIVATIONS (recognised by its values)."""
     consumers = view.data_consumers(value[0])
-    if value[0] in protected or view.control_consumers(value[0]) or not 1 <= len(consumers) <= 2:
-        return
-    readers = {c for c, _, _ in consumers}
-    if not all(_joinable(view, r, device, dtype) for r in readers):
+    if value[0] in protected or view.control_consumers(value[0]) or not consumers:
         return
     if len(consumers) == 1:
         reader = consumers[0][0]
         node = view.node(reader)
-        if node.op in _PLAIN_ACTIVATIONS:
+        if node.op in _PLAIN_ACTIVATIONS and _joinable(view, reader, device, dtype):
             chain.activation = node.op
             if node.op == "LeakyRelu":
                 chain.alpha = float(node.attr["alpha"].f) if "alpha" in node.attr else 0.2
             chain.nodes.append(reader)
-        return
-    if len(readers) != 2:
-        return
-    sigmoid = [r for r in readers if view.node(r).op == "Sigmoid"]
-    mul = [r for r in readers if view.node(r).op == "Mul"]
-    if len(sigmoid) != 1 or len(mul) != 1 or sorted(view.data_inputs(mul[0])) != sorted(
-            [value, (sigmoid[0], 0)]):
-        return
-    if _only_consumer(view, sigmoid[0], protected) != mul[0]:
-        return
-    chain.activation = SWISH
-    chain.nodes.extend([sigmoid[0], mul[0]])
+            return
+    found = _activation_by_value(view, value, protected, device, dtype)
+    if found is not None:
+        chain.activation, nodes = found
+        chain.nodes.extend(nodes)
+
+
+# where activations differ: around 0, in their curved part, and far out (a clamp at 1000 is not
+# a Relu)
+_PROBE = np.concatenate([np.linspace(-9.0, 9.0, 181), [-0.0, 1e-4, -1e-4, 0.03, -0.03, 40.0],
+                         [sign * 10.0 ** e for e in (3, 6, 30) for sign in (1, -1)]])
+
+
+def _gelu_exact(x):
+    from .catalog import _erf_ref
+
+    return 0.5 * x * (1.0 + _erf_ref(x / np.sqrt(2.0)))
+
+
+# activation of TensorFlow's fused kernels -> its float64 reference
+ACTIVATIONS = {
+    SWISH: lambda x: x / (1.0 + np.exp(-x)),
+    "GeluExact": _gelu_exact,
+    "GeluApproximate": lambda x: 0.5 * x * (1.0 + np.tanh(
+        np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3))),
+    "Relu": lambda x: np.maximum(x, 0.0),
+    "Relu6": lambda x: np.minimum(np.maximum(x, 0.0), 6.0),
+    "Elu": lambda x: np.where(x < 0, np.expm1(x), x),
+    "Tanh": np.tanh,
+    "Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+}
+_MOST_NODES = 12
+
+
+def _activation_by_value(view: GraphView, value: Tensor, protected, device, dtype):
+    """(activation, its nodes with the last one last) when the elementwise nodes reading
+    `value` compute one of ACTIVATIONS however the graph writes it (x * sigmoid(x), a GELU
+    through Erf or Erfc or Tanh...), judged by evaluating them with the op table's references
+    on probe values; else None."""
+    region, values = [], {value: _PROBE}
+    for name in view.order[view.position[value[0]] + 1:]:
+        if len(region) == _MOST_NODES:
+            break
+        inputs = view.data_inputs(name)
+        if not any(t in values for t in inputs):
+            continue
+        spec = catalog.for_tf_op(view.node(name).op)
+        if (spec is None or spec.kind not in (catalog.ELEMENTWISE, catalog.BROADCAST)
+                or spec.attrs or spec.result != "same" or name in protected
+                or not _joinable(view, name, device, dtype)):
+            continue
+        operands = [values.get(t, _scalar(view, t)) for t in inputs]
+        if any(o is None for o in operands):
+            continue
+        with np.errstate(all="ignore"):
+            values[(name, 0)] = np.asarray(spec.reference(*operands), np.float64)
+        region.append(name)
+    best = None
+    for k, sink in enumerate(region):
+        nodes = _closed_region(view, value, region[:k + 1], sink)
+        if nodes is None:
+            continue
+        for activation, reference in ACTIVATIONS.items():
+            with np.errstate(all="ignore"):
+                expected = reference(_PROBE)
+            got = values[(sink, 0)]
+            close = np.abs(got - expected) <= 1e-6 * np.maximum(1.0, np.abs(expected))
+            if got.shape == expected.shape and np.all(close | (got == expected)):
+                best = (activation, nodes)
+                break
+    return best
+
+
+def _closed_region(view: GraphView, value: Tensor, candidates: list, sink: str):
+    """The candidates `sink` depends on, when `value` and they are read by nothing outside
+    them but through `sink`: in order, `sink` last; else None."""
+    needed, stack = {sink}, [sink]
+    members = set(candidates)
+    while stack:
+        for tensor in view.data_inputs(stack.pop()):
+            if tensor[0] in members and tensor[0] not in needed:
+                needed.add(tensor[0])
+                stack.append(tensor[0])
+    for name in [value[0], *needed]:
+        if name != sink and any(c not in needed for c, _, _ in view.data_consumers(name)):
+            return None
+        if name != sink and view.control_consumers(name):
+            return None
+    return [n for n in candidates if n in needed]
+
+
+def _scalar(view: GraphView, tensor: Tensor):
+    constant = view.const_value(tensor)
+    if constant is None or np.size(constant) != 1:
+        return None
+    return float(np.asarray(constant).reshape(-1)[0])
 
 
 # --- rewriting --------------------------------------------------------------------------------
@@ -418,9 +511,22 @@ def _rewrite(view: GraphView, editor: _Editor, chain: _Chain) -> Optional[str]:
         args = [vec(_folded_bias(view, editor, chain, base), "bias")]
     if chain.activation:
         fused_ops.append(chain.activation)
-    fused = _fused_node(node, fused_op, last, inputs + args, fused_ops, chain)
-    editor.replaced[last] = fused
-    editor.removed.update([chain.op, *chain.nodes[:-1]])
+    if chain.reshape is None:
+        editor.replaced[last] = _fused_node(node, fused_op, last, inputs + args, fused_ops,
+                                            chain)
+        editor.removed.update([chain.op, *chain.nodes[:-1]])
+        return None
+    # the fused node computes in the operator's shape, under its name; the last node's name
+    # reshapes it as the Reshape did
+    editor.replaced[chain.op] = _fused_node(node, fused_op, chain.op, inputs + args, fused_ops,
+                                            chain)
+    shape_input = view.data_inputs(chain.reshape)[1]
+    reshape = node_def_pb2.NodeDef(name=last, op="Reshape", device=device)
+    reshape.input.extend([chain.op, tensor_name(shape_input)])
+    reshape.attr["T"].type = types_pb2.DT_FLOAT
+    reshape.attr["Tshape"].CopyFrom(view.node(chain.reshape).attr["Tshape"])
+    editor.replaced[last] = reshape
+    editor.removed.update(chain.nodes[:-1])
     return None
 
 
