@@ -287,8 +287,9 @@ def test_a_dense_layer_on_a_sequence_reshapes_after_its_fused_matmul():
     net = Net(build, (2, 5, 8))
     result = net.rewrite()
     (done,) = result.epilogues
+    assert done.name == "MatMul" and done.nodes == ("MatMul", "add", "Relu")
     fused = _node(result.graph_def, "MatMul")
     assert fused.op == "_FusedMatMul" and _fused_ops(fused) == ["BiasAdd", "Relu"]
-    last = _node(result.graph_def, done.name)
+    last = _node(result.graph_def, "Relu")  # the chain's last name, in the chain's shape
     assert last.op == "Reshape" and last.input[0] == "MatMul"
     net.check_numbers(result)

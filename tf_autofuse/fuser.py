@@ -324,7 +324,7 @@ class Fuser:
         result = self.rewrite(graph_def, preserve=[node_name(o) for o in outputs], shapes=shapes,
                               feeds=[node_name(i) for i in inputs])
         return FusedGraph(graph_def, result.graph_def, result.fusions, result.refusals, inputs,
-                          outputs, self.config.copy())
+                          outputs, self.config.copy(), result.epilogues)
 
     def __repr__(self) -> str:
         return f"Fuser({self.config!r}, patterns={list(self._patterns)!r})"
@@ -530,7 +530,10 @@ def count_operators(graph_def, known: Optional[Mapping[str, int]] = None) -> int
     for node in graph_def.node:
         if node.op in profiling.BOOKKEEPING_OPS:
             continue
-        total += fused_operators(node, known) if node.op == FUSED_OP else node_operators(node)
+        if node.op == FUSED_OP:
+            total += fused_operators(node, known)
+        else:
+            total += known[node.name] if known and node.name in known else node_operators(node)
     return total
 
 
@@ -551,11 +554,13 @@ class FusedGraph:
     """What a Fuser made of a graph: the fused GraphDef, its fusions and refusals, counts,
     a report, and a way to run it (and the original) on feeds."""
 
-    def __init__(self, original, graph_def, fusions, refusals, inputs, outputs, config=None):
+    def __init__(self, original, graph_def, fusions, refusals, inputs, outputs, config=None,
+                 epilogues=()):
         self.original_graph_def = original
         self.graph_def = graph_def
         self.fusions = list(fusions)
         self.refusals = list(refusals)
+        self.epilogues = list(epilogues)
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.config = config
@@ -563,6 +568,9 @@ class FusedGraph:
         self.operators_per_fusion = {
             f.name: sum(node_operators(nodes[n]) for n in f.nodes) + len(f.absorbed)
             for f in self.fusions}
+        # an epilogue's fused node stands for the operators it replaced (the per-channel values
+        # it reads are computed by nodes of their own, counted as they are)
+        self.operators_per_fusion.update((e.name, len(e.nodes)) for e in self.epilogues)
 
     def get_fusion_count(self) -> int:
         """Fused kernels (AutofuseKernel nodes) made."""
@@ -592,6 +600,10 @@ class FusedGraph:
                  f"{self.get_operator_count(True):>11}",
                  f"  {'fused':<10}{self.get_kernel_count():>9}{self.get_operator_count():>11}"]
         lines.extend(fusion_table(self.fusion_rows()))
+        if self.epilogues:
+            lines.append(f"epilogues ({len(self.epilogues)}; node: TensorFlow kernel [fused ops]):")
+            for e in self.epilogues:
+                lines.append(f"  {e.name}: {e.op} [{', '.join(e.fused_ops)}]")
         if self.refusals and refusals:
             lines.append(f"refusals ({len(self.refusals)}; node: reason):")
             for node, reason in self.refusals[:refusals]:

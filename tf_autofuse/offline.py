@@ -115,7 +115,7 @@ def fuse_saved_model(model_dir: str, out_dir: str, fuser: "_fuser.Fuser",
                            feeds=[t.name.split(":")[0] for t in inputs])
     fused = _fuser.FusedGraph(graph_def, result.graph_def, result.fusions, result.refusals,
                               [t.name for t in inputs], list(outputs.values()),
-                              fuser.config.copy())
+                              fuser.config.copy(), result.epilogues)
     _save_graph_as_saved_model(result.graph_def, out_dir, signature,
                                [(spec.name, t) for spec, t in zip(specs, inputs)], outputs)
     extra = Path(out_dir) / "assets.extra"

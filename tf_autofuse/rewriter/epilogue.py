@@ -25,11 +25,17 @@ How the map reaches the fused kernel:
                   the pass over the output it saves.
   BiasAdd         no scale: the bias c (or -m).
 
+The activation is recognised by its values (`ACTIVATIONS`): the elementwise nodes after the map
+are evaluated with the op table's references on probe values, so a GELU through Erf, Erfc or
+Tanh and `x * sigmoid(x)` are found however the graph writes them. A Reshape that keeps the
+channels last may sit between a MatMul and its map (a Dense layer on [batch, sequence,
+features]): the fused node computes in the MatMul's shape and a Reshape follows it.
+
 What the fused kernels accept depends on TensorFlow's CPU build: with oneDNN (TensorFlow's
-default on x86 Linux) more activations, and a depthwise kernel, than with Eigen alone. `ACCEPTS`
-lists both, as TensorFlow's CPU kernels define them; a chain they do not accept stays as it is,
-with its reason. Only float32 is rewritten: the fused kernels' 16-bit support differs between
-the two builds and within oneDNN by CPU.
+default on x86 Linux) more activations, and a depthwise kernel, than with Eigen alone. `_ONEDNN`
+and `_EIGEN` list both, as TensorFlow 2.21's CPU kernels define them; a chain they do not
+accept stays as it is, with its reason. Only float32 is rewritten: the fused kernels' 16-bit
+support differs between the two builds and within oneDNN by CPU.
 """
 
 from __future__ import annotations
@@ -93,8 +99,9 @@ def accepts(family: str) -> frozenset:
 
 @dataclasses.dataclass(frozen=True)
 class Epilogue:
-    """One operator that took its epilogue: the node (named as the chain's last node), the
-    nodes it replaced, and the fused ops TensorFlow's kernel applies."""
+    """One operator that took its epilogue: the fused node (named as the chain's last node, or
+    as the operator when a Reshape follows it), the operators it stands for, and the fused ops
+    TensorFlow's kernel applies."""
 
     name: str
     op: str
@@ -213,9 +220,9 @@ def fuse_epilogues(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, 
         if reason:
             refusals.append(Refusal(name, reason))
         else:
-            last = chain.nodes[-1]
-            fused = editor.replaced[last]
-            done.append(Epilogue(last, fused.op, (name, *chain.nodes),
+            fused = editor.replaced[name if chain.reshape else chain.nodes[-1]]
+            replaced = [name, *(n for n in chain.nodes if n != chain.reshape)]
+            done.append(Epilogue(fused.name, fused.op, tuple(replaced),
                                  tuple(s.decode() for s in fused.attr["fused_ops"].list.s)))
     if not done:
         return graph_def, shapes, [], refusals
