@@ -14,24 +14,25 @@ from tf_autofuse.fuser import static_shapes
 from tf_autofuse.rewriter import epilogue
 
 tf1 = tf.compat.v1
-RNG = np.random.default_rng(7)
+_RNG = [np.random.default_rng(7)]  # Net draws each graph's values from one seed
 
 pytestmark = pytest.mark.skipif(not tf_autofuse.is_available(),
                                 reason="tf_autofuse's kernel library is not available")
 
 
 def _values(*shape, low=-1.0, high=1.0):
-    return RNG.uniform(low, high, shape)
+    return _RNG[0].uniform(low, high, shape)
 
 
 class Net:
     """One graph built twice from the same float64 values: in float32 (rewritten and run
     unfused) and in float64 (the reference)."""
 
-    def __init__(self, build, x_shape):
-        self.x = _values(*x_shape)
+    def __init__(self, build, x_shape, seed=7):
+        self.x = np.random.default_rng(seed + 1).uniform(-1.0, 1.0, x_shape)
         self.graphs = {}
         for dtype in (tf.float32, tf.float64):
+            _RNG[0] = np.random.default_rng(seed)  # the same values in both graphs
             g = tf.Graph()
             with g.as_default():
                 x = tf1.placeholder(dtype, x_shape, name="x")
@@ -62,6 +63,7 @@ class Net:
         fused = self.run(result.graph_def).astype(np.float64)
         unfused = self.run().astype(np.float64)
         exact = self.run(dtype=tf.float64)
+        assert np.max(np.abs(unfused - exact)) <= 1e-4 * np.max(np.abs(exact)) + 1e-30
         scale = np.max(np.abs(exact))
         unfused_error = np.max(np.abs(unfused - exact)) / scale
         fused_error = np.max(np.abs(fused - exact)) / scale
@@ -292,4 +294,70 @@ def test_a_dense_layer_on_a_sequence_reshapes_after_its_fused_matmul():
     assert fused.op == "_FusedMatMul" and _fused_ops(fused) == ["BiasAdd", "Relu"]
     last = _node(result.graph_def, "Relu")  # the chain's last name, in the chain's shape
     assert last.op == "Reshape" and last.input[0] == "MatMul"
+    net.check_numbers(result)
+
+
+# --- random epilogues: every form the pass may meet, checked by numbers ------------------------
+
+_FORMULATIONS = {
+    "none": lambda v: v,
+    "relu": tf.nn.relu,
+    "relu_max": lambda v: tf.maximum(v, 0.0),
+    "relu6_clip": lambda v: tf.minimum(tf.maximum(v, 0.0), 6.0),
+    "elu": tf.nn.elu,
+    "leaky": lambda v: tf.nn.leaky_relu(v, alpha=0.1),
+    "tanh": tf.tanh,
+    "sigmoid": tf.sigmoid,
+    "swish": lambda v: v * tf.sigmoid(v),
+    "swish_div": lambda v: v / (1.0 + tf.exp(-v)),
+    "gelu": lambda v: 0.5 * v * (1.0 + tf.math.erf(v * 0.7071067811865476)),
+    "scaled_relu": lambda v: 2.0 * tf.nn.relu(v),  # not an activation of the fused kernels
+    "clamped": lambda v: tf.minimum(tf.nn.relu(v), 0.5),  # a look-alike
+}
+
+
+def _random_case(seed):
+    rng = np.random.default_rng(seed)
+    family = ["conv", "depthwise", "matmul"][seed % 3]
+    bias, centre, scale, shift = (bool(b) for b in rng.integers(0, 2, 4))
+    form = sorted(_FORMULATIONS)[rng.integers(len(_FORMULATIONS))]
+    rows, channels, width = int(rng.integers(1, 40)), int(rng.integers(1, 9)), int(
+        rng.integers(2, 7))
+
+    def build(x, c):
+        if family == "conv":
+            cout = channels
+            y = tf.nn.conv2d(x, c(_values(2, 2, x.shape[-1], cout)), 1, "SAME")
+        elif family == "depthwise":
+            cout = x.shape[-1] * 2
+            y = tf.nn.depthwise_conv2d(x, c(_values(3, 3, x.shape[-1], 2)), [1, 1, 1, 1], "SAME")
+        else:
+            cout = channels
+            y = tf.matmul(x, c(_values(x.shape[-1], cout)))
+        if bias:
+            y = tf.nn.bias_add(y, c(_values(cout)))
+        if centre:
+            y = y - c(_values(cout))
+        if scale:
+            y = y * c(_values(cout, low=0.5, high=2.0))
+        if shift:
+            y = y + c(_values(cout))
+        return _FORMULATIONS[form](y)
+
+    shape = (rows, 3) if family == "matmul" else (1, width, 5, 3)
+    return Net(build, shape, seed), (family, bias, centre, scale, shift, form)
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_random_epilogues_keep_the_numbers(seed):
+    net, case = _random_case(seed)
+    result = net.rewrite()
+    for done in result.epilogues:
+        node = _node(result.graph_def, done.name)
+        assert node.op == done.op and _fused_ops(node) == list(done.fused_ops)
+        assert set(done.fused_ops[1:]) <= epilogue.accepts(
+            {"_FusedConv2D": "conv", "_FusedMatMul": "matmul"}.get(node.op, "depthwise")), case
+    if case[-1] in ("scaled_relu", "clamped"):
+        assert not any(op in ("Relu", epilogue.SWISH) and len(e.fused_ops) > 1
+                       and e.fused_ops[-1] != "Relu" for e in result.epilogues for op in e.fused_ops)
     net.check_numbers(result)
