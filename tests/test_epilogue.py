@@ -361,3 +361,18 @@ def test_random_epilogues_keep_the_numbers(seed):
         assert not any(op in ("Relu", epilogue.SWISH) and len(e.fused_ops) > 1
                        and e.fused_ops[-1] != "Relu" for e in result.epilogues for op in e.fused_ops)
     net.check_numbers(result)
+
+
+def test_the_debug_dump_lists_epilogues_and_their_refusals(tmp_path, monkeypatch):
+    from tf_autofuse import debug
+
+    net = Net(lambda x, c: tf.nn.relu(_batch_norm(_conv(x, c, 8), c, 8)), (1, 6, 6, 4))
+    result = net.rewrite()
+    monkeypatch.setattr(epilogue, "onednn", lambda: False)
+    refused = Net(lambda x, c: tf.sigmoid(_conv(x, c, 4)), (1, 5, 5, 2)).rewrite()
+    debug.dump(str(tmp_path), net.graphs[tf.float32].as_graph_def(), result)
+    debug.dump(str(tmp_path), net.graphs[tf.float32].as_graph_def(), refused)
+    fusions = "".join(p.read_text() for p in tmp_path.glob("*_fusions.txt"))
+    refusals = "".join(p.read_text() for p in tmp_path.glob("*_refusals.txt"))
+    assert "(_FusedConv2D [FusedBatchNorm, Relu], TensorFlow's kernel)" in fusions
+    assert "Conv2D: Conv2D epilogue with Sigmoid" in refusals

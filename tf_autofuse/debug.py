@@ -1,8 +1,10 @@
 """The DFX dump (--codegen_compile_debug=true with --debug_dir=DIR).
 
 For every graph the pass sees: `graph_<pid>_<n>_before.pbtxt` and `..._after.pbtxt` (netron
-opens both), `..._fusions.txt` (each fused kernel, the nodes it replaced, its program) and
-`..._refusals.txt` (each node left alone and why); each fused program also lands in
+opens both), `..._fusions.txt` (each fused kernel, the nodes it replaced, its program; each
+epilogue given to one of TensorFlow's fused kernels) and
+`..._refusals.txt` (each node left alone and why; an operator whose epilogue stays apart is
+one of them); each fused program also lands in
 `<kernel name>.program.txt`. A dump that cannot be written is a warning, never an error.
 """
 
@@ -27,6 +29,10 @@ def _fusions_text(result) -> str:
         lines.append(f"{fusion.name}  ({fusion.kind})")
         lines.append("  replaces: " + ", ".join(fusion.nodes))
         lines.extend("  " + line for line in fusion.program.splitlines())
+        lines.append("")
+    for done in getattr(result, "epilogues", ()):
+        lines.append(f"{done.name}  ({done.op} [{', '.join(done.fused_ops)}], TensorFlow's kernel)")
+        lines.append("  replaces: " + ", ".join(done.nodes))
         lines.append("")
     return "\n".join(lines)
 
