@@ -101,3 +101,26 @@ def test_model_table_rounds_give_medians_and_first_call_differences(tmp_path):
                                     cells["tf"]["first_ms_rounds"])]
     line = next(l for l in proc.stdout.splitlines() if "2-layer transformer encoder: median" in l)
     assert line.endswith("(rounds: " + ", ".join(f"{d:+.0f}" for d in deltas) + ")")
+
+
+def test_train_table_smoke(tmp_path):
+    """benchmarks/train_table.py: a training step per mode in a fresh process; the gradient
+    error of each mode against the tf process's float64 gradients."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "TF_XLA_FLAGS")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    out = tmp_path / "train.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/train_table.py"), "--smoke",
+                           "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    cells = {c["mode"]: c for c in json.loads(out.read_text())["cells"]}
+    assert list(cells) == ["tf", "autofuse", "xla"]
+    for cell in cells.values():
+        assert "error" not in cell, cell
+        assert cell["median_ms"] > 0 and cell["kernels"] > 0
+        # float32 gradients of one step are close to the float64 ones, but not equal to them
+        assert 0 < cell["grad_error"] < 1e-4, cell["grad_error"]
+    assert cells["tf"]["fused"] == 0 and cells["autofuse"]["fused"] > 0
+    assert cells["autofuse"]["kernels"] < cells["tf"]["kernels"]
+    assert "| model | mode | compute kernels |" in proc.stdout
