@@ -31,6 +31,8 @@ is their median. Columns:
   peak RSS          the process's resident-memory high-water mark (getrusage ru_maxrss), and the
                     part above the RSS measured once TensorFlow (and tf_autofuse) were imported
   max rel. diff     max |out - out_tf| / max |out_tf| against the tf mode's output
+  max rel. error vs float64   the same against the model run in float64 with the same weights
+                    and input (computed by the tf process): fusion's error next to TensorFlow's
 """
 
 from __future__ import annotations
@@ -109,6 +111,15 @@ def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bo
         out.numpy()
         times.append((time.perf_counter() - start) * 1e3)
     np.save(out_path, step(x).numpy())
+    if mode == "tf":  # the exact reference: the same weights and input in float64
+        import keras
+
+        keras.config.set_dtype_policy("float64")
+        exact = wl.build_model(workload)
+        exact.set_weights([w.astype(np.float64) for w in keras_model.get_weights()])
+        np.save(out_path.replace(".npy", ".f64.npy"),
+                exact(tf.constant(x.numpy().astype(np.float64)), training=False).numpy())
+        keras.config.set_dtype_policy("float32")
     kernels = profiling.compute_kernels(graphs)
     nodes = [n for g in graphs for n in g.node]
     fused = (sum(1 for n in nodes if n.op == "AutofuseKernel") if mode != "xla"
@@ -148,20 +159,23 @@ def run_cell(model: str, mode: str, args, out_dir: str, tag: str = "") -> dict:
 
 
 def compare(cells: list) -> None:
-    """Each cell's max |out - out_tf| / max |out_tf| (the tf cell of the same model)."""
+    """Each cell's max |out - ref| / max |ref| against the tf cell of the same model
+    (max_rel_diff) and against its float64 run of the same weights (error_f64)."""
     import numpy as np
 
-    reference = {c["model"]: np.load(c["output"]).astype(np.float64)
-                 for c in cells if c["mode"] == "tf" and "error" not in c}
+    tf_cells = {c["model"]: c for c in cells if c["mode"] == "tf" and "error" not in c}
     for cell in cells:
-        ref = reference.get(cell["model"])
-        if "error" in cell or ref is None:
-            cell["max_rel_diff"] = None
+        reference = tf_cells.get(cell["model"])
+        cell["max_rel_diff"] = cell["error_f64"] = None
+        if "error" in cell or reference is None:
             continue
         out = np.load(cell["output"]).astype(np.float64)
-        scale = float(np.max(np.abs(ref))) or 1.0
-        cell["max_rel_diff"] = (float(np.max(np.abs(out - ref))) / scale
-                                if out.shape == ref.shape else float("inf"))
+        for key, path in (("max_rel_diff", reference["output"]),
+                          ("error_f64", reference["output"].replace(".npy", ".f64.npy"))):
+            ref = np.load(path).astype(np.float64)
+            scale = float(np.max(np.abs(ref))) or 1.0
+            cell[key] = (float(np.max(np.abs(out - ref))) / scale if out.shape == ref.shape
+                         else float("inf"))
 
 
 def merge_rounds(runs: list) -> dict:
@@ -174,8 +188,9 @@ def merge_rounds(runs: list) -> dict:
     for key in ("first_ms", "median_ms"):
         cell[key + "_rounds"] = [c[key] for c in ok]
         cell[key] = statistics.median(cell[key + "_rounds"])
-    diffs = [c.get("max_rel_diff") for c in ok]
-    cell["max_rel_diff"] = None if None in diffs else max(diffs)
+    for key in ("max_rel_diff", "error_f64"):
+        diffs = [c.get(key) for c in ok]
+        cell[key] = None if None in diffs else max(diffs)
     cell["rounds"] = len(ok)
     cell["errors"] = [c["error"] for c in runs if "error" in c]
     return cell
@@ -200,18 +215,20 @@ def first_call_summary(rounds: list) -> str:
 
 def markdown(cells: list) -> str:
     lines = ["| model | mode | compute kernels | fused kernels / XLA clusters | peak RSS (MiB) | "
-             "model RSS (MiB) | latency, median (ms) | first call (ms) | max rel. diff vs TF |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "model RSS (MiB) | latency, median (ms) | first call (ms) | max rel. diff vs TF | "
+             "max rel. error vs float64 |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for c in cells:
         name = wl.MODEL_NAMES.get(c["model"], c["model"])
         if "error" in c:
-            lines.append(f"| {name} | {LABELS[c['mode']]} | error: {c['error']} | | | | | | |")
+            lines.append(f"| {name} | {LABELS[c['mode']]} | error: {c['error']} | | | | | | | |")
             continue
         diff = "-" if c["mode"] == "tf" or c.get("max_rel_diff") is None \
             else f"{c['max_rel_diff']:.1e}"
+        exact = "-" if c.get("error_f64") is None else f"{c['error_f64']:.1e}"
         lines.append(f"| {name} | {LABELS[c['mode']]} | {c['kernels']} | {c['fused']} | "
                      f"{c['peak_rss_mib']:.0f} | {c['model_rss_mib']:.0f} | "
-                     f"{c['median_ms']:.2f} | {c['first_ms']:.0f} | {diff} |")
+                     f"{c['median_ms']:.2f} | {c['first_ms']:.0f} | {diff} | {exact} |")
     return "\n".join(lines)
 
 
