@@ -18,7 +18,7 @@ import math
 from typing import Callable, Optional
 
 import numpy as np
-from tensorflow.core.framework import types_pb2
+from tensorflow.core.framework import node_def_pb2, types_pb2
 
 # The kinds of op the partitioner knows (it reads kinds, never op names):
 #   elementwise  one operand, the result has its shape
@@ -287,6 +287,11 @@ class TfOp:
       its bias [C] as [C,1,1]); raises Unsupported.
     emit(em, node, operands, axes) -> the Ref of the result; em(ir_op, operands, attrs).
     ir_ops: the IR ops it may emit (their dtypes are checked against the node's).
+    immediates: a scalar Const operand may be an immediate; False: it is an input (an op
+      whose emit has instructions that read one operand alone, which need a value there).
+    reference: the numpy golden (float64 capable) of an op that lowers to several IR ops,
+      operands in the TF op's input order, `attrs` as keywords; None: its IR ops' own.
+    attrs: the node attrs its emit and reference read (the tests draw them).
     """
 
     op_type: str
@@ -300,6 +305,9 @@ class TfOp:
     result_dtype: Optional[Callable] = None
     operand_dtypes: Optional[Callable] = None
     operand_shapes: Optional[Callable] = None
+    immediates: bool = True
+    reference: Optional[Callable] = None
+    attrs: frozenset = frozenset()
 
     def compute_dtype(self, node) -> Optional[int]:
         if self.dtype_attr is None:
@@ -346,11 +354,15 @@ def _check_cast(node):
     return None
 
 
-def _emit_leaky(em, node, operands, axes):
+def _leaky_alpha(node) -> float:
     alpha = float(node.attr["alpha"].f) if "alpha" in node.attr else 0.2
     if not math.isfinite(alpha):
-        raise Unsupported(f"LeakyRelu alpha {alpha} is not finite")
-    return em("LeakyRelu", operands, (("alpha", repr(alpha)),))
+        raise Unsupported(f"{node.op} alpha {alpha} is not finite")
+    return alpha
+
+
+def _emit_leaky(em, node, operands, axes):
+    return em("LeakyRelu", operands, (("alpha", repr(_leaky_alpha(node))),))
 
 
 def _check_equal(node):
@@ -440,6 +452,173 @@ def _cast_dtypes(node, n):
     return [node.attr["SrcT"].type if "SrcT" in node.attr else None]
 
 
+# --- the gradient ops ---------------------------------------------------------------------------
+#
+# Each lowers to the IR ops of TensorFlow's CPU kernel, operation for operation and in its order
+# (tensorflow/core/kernels/relu_op_functor.h, cwise_ops_gradients.h, softplus_op.h,
+# softsign_op.h), so that an f32 or f64 result is TensorFlow's bit for bit, NaN, +-inf and -0
+# included: both run under TensorFlow's flush-to-zero. Where Eigen's vectorised form of a formula
+# and its scalar one associate differently (SigmoidGrad, SqrtGrad), the program computes the
+# vectorised one, which TensorFlow runs on all but the last (size mod packet size) elements.
+# SoftplusGrad's exp is the kernel's own (within 1.02 ulps; Eigen's, TensorFlow's: 1.28), so its
+# results are a few ulps from TensorFlow's, not the same bits.
+
+# TensorFlow's SELU constants as its gradient kernel writes them (scale * alpha is the nearest
+# double to the product, not the product of the two doubles)
+_SELU_GRAD_SCALE = 1.0507009873554804934193349852946
+_SELU_GRAD_SCALE_ALPHA = 1.7580993408473768599402175208123
+
+
+def _typed(node, value):
+    """static_cast<T>(value) for the node's T: an int for int32, else the nearest value of T (a
+    16-bit kernel's constants are 16-bit values)."""
+    dtype = node.attr["T"].type if "T" in node.attr else types_pb2.DT_FLOAT
+    if dtype == types_pb2.DT_INT32:
+        return int(value)
+    from tensorflow.python.framework import dtypes
+
+    typed = float(np.asarray(value, dtypes.as_dtype(dtype).as_numpy_dtype))
+    if not math.isfinite(typed):
+        raise Unsupported(f"{node.op}: the constant {value!r} is beyond the range of "
+                          f"{dtype_name(dtype)}")
+    return typed
+
+
+def _times_indicator(em, node, cond, g):
+    """g * cast<T>(cond), as the Select of g * 1 and g * 0: what the product gives (NaN for an
+    infinite g, -0 for a negative one, 0 for a subnormal one under flush-to-zero)."""
+    return em("Select", [cond, em("Mul", [g, _typed(node, 1)]), em("Mul", [g, _typed(node, 0)])])
+
+
+def _mul_no_nan(em, node, a, b):
+    """Eigen's mul_no_nan(a, b): +0 where b == 0 (even for a NaN or infinite a), else a * b."""
+    zero = _typed(node, 0)
+    return em("Select", [em("Equal", [b, zero]), zero, em("Mul", [a, b])])
+
+
+def _emit_relu_grad(em, node, operands, axes):
+    gradients, features = operands
+    return _times_indicator(em, node, em("Greater", [features, _typed(node, 0)]), gradients)
+
+
+def _emit_relu6_grad(em, node, operands, axes):
+    gradients, features = operands
+    inside = em("LogicalAnd", [em("Greater", [features, _typed(node, 0)]),
+                               em("Less", [features, _typed(node, 6)])])
+    return _times_indicator(em, node, inside, gradients)
+
+
+def _emit_leaky_relu_grad(em, node, operands, axes):
+    gradients, features = operands
+    scaled = em("Mul", [gradients, _typed(node, _leaky_alpha(node))])
+    return em("Select", [em("Greater", [features, _typed(node, 0)]), gradients, scaled])
+
+
+def _emit_elu_grad(em, node, operands, axes):
+    gradients, outputs = operands
+    negative = em("Mul", [em("Add", [outputs, _typed(node, 1)]), gradients])
+    return em("Select", [em("Less", [outputs, _typed(node, 0)]), negative, gradients])
+
+
+def _emit_selu_grad(em, node, operands, axes):
+    gradients, outputs = operands
+    negative = em("Mul", [gradients, em("Add", [outputs, _typed(node, _SELU_GRAD_SCALE_ALPHA)])])
+    positive = em("Mul", [gradients, _typed(node, _SELU_GRAD_SCALE)])
+    return em("Select", [em("Less", [outputs, _typed(node, 0)]), negative, positive])
+
+
+def _emit_sigmoid_grad(em, node, operands, axes):
+    y, dy = operands
+    return em("Mul", [dy, em("Mul", [y, em("Sub", [_typed(node, 1), y])])])
+
+
+def _emit_tanh_grad(em, node, operands, axes):
+    y, dy = operands
+    return em("Mul", [dy, em("Sub", [_typed(node, 1), em("Mul", [y, y])])])
+
+
+def _emit_reciprocal_grad(em, node, operands, axes):
+    y, dy = operands
+    return _mul_no_nan(em, node, em("Neg", [em("Mul", [y, y])]), dy)
+
+
+def _emit_sqrt_grad(em, node, operands, axes):
+    y, dy = operands
+    return _mul_no_nan(em, node, em("Div", [_typed(node, 0.5), y]), dy)
+
+
+def _emit_rsqrt_grad(em, node, operands, axes):
+    y, dy = operands
+    factor = em("Mul", [_typed(node, -0.5), em("Mul", [y, y])])
+    return _mul_no_nan(em, node, factor, _mul_no_nan(em, node, y, dy))
+
+
+def _emit_softplus_grad(em, node, operands, axes):
+    gradients, features = operands
+    one = _typed(node, 1)
+    return em("Div", [gradients, em("Add", [em("Exp", [em("Neg", [features])]), one])])
+
+
+def _emit_softsign_grad(em, node, operands, axes):
+    gradients, features = operands
+    one = _typed(node, 1)
+    return em("Div", [gradients, em("Square", [em("Add", [em("Abs", [features]), one])])])
+
+
+def _no_nan_where(b, value):
+    return np.where(b == 0, np.zeros_like(value), value)
+
+
+def _rsqrt_grad_ref(y, dy):
+    inner = _no_nan_where(dy, y * dy)
+    return _no_nan_where(inner, -0.5 * (y * y) * inner)
+
+
+# (TF op types, dtypes, emit, numpy reference in the TF op's input order, attrs it reads)
+_GRADIENTS = (
+    (("ReluGrad",), FLOAT_I32, _emit_relu_grad, lambda g, f: g * (f > 0), ()),
+    (("Relu6Grad",), FLOAT_I32, _emit_relu6_grad, lambda g, f: g * ((f > 0) & (f < 6)), ()),
+    (("LeakyReluGrad",), FLOAT, _emit_leaky_relu_grad,
+     lambda g, f, alpha: np.where(f > 0, g, g * alpha), ("alpha",)),
+    (("EluGrad",), FLOAT, _emit_elu_grad, lambda g, y: np.where(y < 0, (y + 1) * g, g), ()),
+    (("SeluGrad",), FLOAT, _emit_selu_grad,
+     lambda g, y: np.where(y < 0, g * (y + _SELU_GRAD_SCALE_ALPHA), g * _SELU_GRAD_SCALE), ()),
+    (("SigmoidGrad",), FLOAT, _emit_sigmoid_grad, lambda y, dy: dy * (y * (1 - y)), ()),
+    (("TanhGrad",), FLOAT, _emit_tanh_grad, lambda y, dy: dy * (1 - y * y), ()),
+    (("ReciprocalGrad", "InvGrad"), FLOAT, _emit_reciprocal_grad,
+     lambda y, dy: _no_nan_where(dy, -(y * y) * dy), ()),
+    (("SqrtGrad",), FLOAT, _emit_sqrt_grad, lambda y, dy: _no_nan_where(dy, 0.5 / y * dy), ()),
+    (("RsqrtGrad",), FLOAT, _emit_rsqrt_grad, _rsqrt_grad_ref, ()),
+    (("SoftplusGrad",), FLOAT, _emit_softplus_grad, lambda g, f: g / (np.exp(-f) + 1), ()),
+    (("SoftsignGrad",), FLOAT, _emit_softsign_grad,
+     lambda g, f: g / np.square(np.abs(f) + 1), ()),
+)
+
+
+def _traced_ir_ops(op_type: str, emit, n_data: int) -> tuple:
+    """The IR ops `emit` gives for a float node of `op_type`, in order (its cost weights)."""
+    ops = []
+
+    def em(ir_op, operands, attrs=()):
+        ops.append(ir_op)
+        return ("traced", len(ops))
+
+    node = node_def_pb2.NodeDef(op=op_type)
+    node.attr["T"].type = types_pb2.DT_FLOAT
+    emit(em, node, [("operand", i) for i in range(n_data)], None)
+    return tuple(ops)
+
+
+def _gradient_ops() -> dict:
+    table = {}
+    for op_types, dtypes, emit, reference, attrs in _GRADIENTS:
+        for op_type in op_types:
+            table[op_type] = TfOp(op_type, BROADCAST, dtypes, _traced_ir_ops(op_type, emit, 2),
+                                  emit, n_data=2, immediates=False, reference=_quiet(reference),
+                                  attrs=frozenset(attrs))
+    return table
+
+
 def cpu_refusal_reason(spec: OpSpec) -> Optional[str]:
     """Why an op cannot be fused (the CPU kernel does not run it), or None."""
     if spec.cpu_refusal is None:
@@ -487,6 +666,7 @@ def _build_tf_ops() -> dict:
                             n_data=2, check=_check_bias_add, operand_shapes=_bias_shapes)
     for op_type in ("Sum", "Mean", "Max", "Min", "Prod"):
         table[op_type] = TfOp(op_type, REDUCE, FLOAT_I32, (op_type,), _emit_reduce(op_type))
+    table.update(_gradient_ops())
     for op_type in ("Reshape", "Squeeze", "ExpandDims"):
         table[op_type] = TfOp(op_type, VIEW, ANY, (), None)
     for op_type, entry in table.items():  # a TF op lowering to an op the CPU kernel refuses

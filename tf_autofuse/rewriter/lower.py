@@ -293,7 +293,9 @@ def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
                 continue
             tensor = view.same_value(tensor, feeds)  # one input for reads of one variable
             state.producers.add(tensor[0])
-            immediate = _immediate(view, tensor, dtype, feeds)
+            immediate = None
+            if entry is None or entry.immediates:
+                immediate = _immediate(view, tensor, dtype, feeds)
             if immediate is not None:
                 operands.append(("imm", immediate, (), dtype))
             else:
