@@ -287,6 +287,9 @@ class TfOp:
       its bias [C] as [C,1,1]); raises Unsupported.
     emit(em, node, operands, axes) -> the Ref of the result; em(ir_op, operands, attrs).
     ir_ops: the IR ops it may emit (their dtypes are checked against the node's).
+    n_static: the static inputs after the data operands (a reduction's reduction_indices).
+    axes(node, inputs, rank, const_of) -> (sorted axes, keep_dims) of a REDUCE op; raises
+      Unsupported. None: the reduction_indices Const (reduce_axes).
     immediates: a scalar Const operand may be an immediate; False: it is an input (an op
       whose emit has instructions that read one operand alone, which need a value there).
     reference: the numpy golden (float64 capable) of an op that lowers to several IR ops,
@@ -305,6 +308,8 @@ class TfOp:
     result_dtype: Optional[Callable] = None
     operand_dtypes: Optional[Callable] = None
     operand_shapes: Optional[Callable] = None
+    n_static: int = 0
+    axes: Optional[Callable] = None
     immediates: bool = True
     reference: Optional[Callable] = None
     attrs: frozenset = frozenset()
@@ -316,6 +321,14 @@ class TfOp:
 
     def data_operands(self, node, n_inputs: int) -> int:
         return n_inputs if self.n_data is None else self.n_data
+
+    def n_inputs(self) -> Optional[int]:
+        """The inputs a node of the op has; None: any number (AddN)."""
+        return None if self.n_data is None else self.n_data + self.n_static
+
+    def reduction(self, node, inputs, rank: Optional[int], const_of) -> tuple:
+        """(normalised sorted axes, keep_dims) of a REDUCE op; raises Unsupported."""
+        return (self.axes or reduce_axes)(node, inputs, rank, const_of)
 
     def dtypes_of_operands(self, node, n: int) -> list:
         if self.operand_dtypes is not None:
@@ -412,7 +425,7 @@ def _emit_clip(em, node, operands, axes):
 def _check_bias_add(node):
     fmt = _attr_s(node, "data_format", "NHWC")
     if fmt not in ("NHWC", "NCHW"):
-        return f"BiasAdd data_format {fmt}"
+        return f"{node.op} data_format {fmt}"
     return None
 
 
@@ -619,6 +632,25 @@ def _gradient_ops() -> dict:
     return table
 
 
+def bias_grad_axes(rank: int, data_format: str) -> tuple:
+    """The axes BiasAddGrad sums: every axis but the channels, the last one (NHWC, and NCHW of
+    rank 2) or axis 1 (NCHW of rank 3 and more)."""
+    channels = 1 if data_format == "NCHW" and rank >= 3 else rank - 1
+    return tuple(a for a in range(rank) if a != channels)
+
+
+def _bias_grad_reduction(node, inputs, rank, const_of) -> tuple:
+    if rank is None:
+        raise Unsupported(f"{node.op} over an operand of unknown rank")
+    if rank < 2:
+        raise Unsupported(f"{node.op} of a rank-{rank} value (TensorFlow needs rank >= 2)")
+    axes = bias_grad_axes(rank, _attr_s(node, "data_format", "NHWC"))
+    if axes[-1] - axes[0] != len(axes) - 1:
+        raise Unsupported(f"{node.op} NCHW sums axes {list(axes)}, on both sides of the "
+                          "channels; a fused program reduces one run of consecutive axes")
+    return axes, False
+
+
 def cpu_refusal_reason(spec: OpSpec) -> Optional[str]:
     """Why an op cannot be fused (the CPU kernel does not run it), or None."""
     if spec.cpu_refusal is None:
@@ -665,8 +697,15 @@ def _build_tf_ops() -> dict:
     table["BiasAdd"] = TfOp("BiasAdd", BROADCAST, FLOAT_I32, ("Add",), _emit_plain("Add"),
                             n_data=2, check=_check_bias_add, operand_shapes=_bias_shapes)
     for op_type in ("Sum", "Mean", "Max", "Min", "Prod"):
-        table[op_type] = TfOp(op_type, REDUCE, FLOAT_I32, (op_type,), _emit_reduce(op_type))
+        table[op_type] = TfOp(op_type, REDUCE, FLOAT_I32, (op_type,), _emit_reduce(op_type),
+                              n_static=1)
     table.update(_gradient_ops())
+    table["BiasAddGrad"] = TfOp(
+        "BiasAddGrad", REDUCE, FLOAT_I32, ("Sum",), _emit_reduce("Sum"), check=_check_bias_add,
+        axes=_bias_grad_reduction,
+        reference=_quiet(lambda x, data_format: np.sum(x, axis=bias_grad_axes(x.ndim,
+                                                                               data_format))),
+        attrs=frozenset({"data_format"}))
     for op_type in ("Reshape", "Squeeze", "ExpandDims"):
         table[op_type] = TfOp(op_type, VIEW, ANY, (), None)
     for op_type, entry in table.items():  # a TF op lowering to an op the CPU kernel refuses
@@ -814,7 +853,7 @@ def output_shape(node, inputs, shapes, const_of):
         if entry.kind == REDUCE:
             if shapes[0] is None:
                 return None
-            axes, keep = reduce_axes(node, inputs, len(shapes[0]), const_of)
+            axes, keep = entry.reduction(node, inputs, len(shapes[0]), const_of)
             return reduced_shape(shapes[0], axes, keep)
         n = entry.data_operands(node, len(inputs))
         data = list(shapes[:n])

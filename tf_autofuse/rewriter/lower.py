@@ -326,7 +326,7 @@ def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
                 raise Unfusible(f"{name}: {node.op} of a tensor of unknown rank")
         elif entry is not None and entry.kind == catalog.REDUCE:
             try:
-                axes, keep = catalog.reduce_axes(node, inputs, len(shapes[0]), view.const_value)
+                axes, keep = entry.reduction(node, inputs, len(shapes[0]), view.const_value)
             except catalog.Unsupported as err:
                 raise Unfusible(f"{name}: {err}") from None
             shape = catalog.reduced_shape(shapes[0], axes, keep)

@@ -112,7 +112,7 @@ def _refuse_candidate(view: GraphView, name: str, feeds: frozenset,
             reason = entry.check(node)
             if reason is not None:
                 return reason
-        n_inputs = entry.n_data if entry.kind != catalog.REDUCE else 2
+        n_inputs = entry.n_inputs()
     for op in compute_ops(view, name) if entry is None else ():
         if dtype not in catalog.for_tf_op(op).dtypes:
             return f"dtype {catalog.dtype_name(dtype)} not supported by {op}"
@@ -125,7 +125,7 @@ def _refuse_candidate(view: GraphView, name: str, feeds: frozenset,
         return "on a cycle of the graph"
     inputs = view.data_inputs(name)
     if n_inputs is not None and len(inputs) != n_inputs:
-        what = "data input(s)" if entry is None or entry.kind != catalog.REDUCE else "inputs"
+        what = "inputs" if entry is not None and entry.n_static else "data input(s)"
         return f"{node.op} expects {n_inputs} {what}, has {len(inputs)}"
     if n_inputs is None and not inputs:
         return f"{node.op} without inputs"
