@@ -3,14 +3,15 @@
 Each case is a random DAG over the catalog (tf_autofuse/rewriter/catalog.py): every unary and
 binary op, comparisons and IsNan/IsInf/IsFinite feeding Select and the logical ops, Cast between
 float types, ZerosLike/OnesLike, LeakyRelu with a drawn alpha, AddN, ClipByValue, BiasAdd (NHWC,
-NCHW), and with `Features`: operands of broadcast shapes and views (Reshape, ExpandDims, Squeeze)
-of inputs, and reductions (Sum, Mean, Max, Min, Prod over random axes, keep_dims or not, with ops
-before and after, reduced values broadcast back, softmax and layer norm shapes, 0-sized and size-1
-reduced axes). Shared inputs, diamonds, constants, shapes from 0-sized to ~100k elements, every
-dtype the op allows, a random set of fetched nodes (intermediates included) and of fed
-intermediates. It runs in a v1 Session without and with the named optimizer "AutofuseOptimizer"
-(reduce pass on through its parameter_map when the graph may hold reductions), and is also handed
-to the rewriter directly:
+NCHW), the TF ops the catalog lowers to several IR ops with a reference of their own (the
+gradient ops: ReluGrad, SigmoidGrad...), and with `Features`: operands of broadcast shapes and
+views (Reshape, ExpandDims, Squeeze) of inputs, and reductions (Sum, Mean, Max, Min, Prod over
+random axes, keep_dims or not, with ops before and after, reduced values broadcast back, softmax
+and layer norm shapes, 0-sized and size-1 reduced axes, BiasAddGrad NHWC and NCHW). Shared
+inputs, diamonds, constants, shapes from 0-sized to ~100k elements, every dtype the op allows,
+a random set of fetched nodes (intermediates included) and of fed intermediates. It runs in a
+v1 Session without and with the named optimizer "AutofuseOptimizer" (reduce pass on through its
+parameter_map when the graph may hold reductions), and is also handed to the rewriter directly:
 
 - structure: every preserved node (fetch, feed) is still there; a fused member is gone unless
   preserved (then it is an Identity of the fused kernel); fed nodes are never fused; the
@@ -20,9 +21,10 @@ to the rewriter directly:
   graph (catalog references) and E a bound of how far a correct implementation may be from ref
   (see `reference`: a few ulps per op of the compute type -- f32 for f16/bf16 -- propagated
   through each op's derivative; for f16/bf16, the rounding at each node where a group boundary
-  may store it; for reductions, the operands' bounds summed (Sum, Mean), their largest (Max,
-  Min) or multiplied out (Prod), plus the accumulation error of n additions or products in the
-  accumulator type, n the reduction length). int32 and bool results are compared exactly with
+  may store it; for an op the catalog lowers to several IR ops, those ops' bounds in turn; for
+  reductions, the operands' bounds summed (Sum, Mean), their largest (Max, Min) or multiplied
+  out (Prod), plus the accumulation error of n additions or products in the accumulator type, n
+  the reduction length). int32 and bool results are compared exactly with
   TensorFlow (and the reference wherever TensorFlow is on it). Elements whose value depends on
   which side of a discontinuity, domain edge, pole or overflow threshold a few ulps land (Floor at
   an integer, Sqrt near 0, Tan near a pole, a comparison of near-equal values, a sum whose
@@ -248,6 +250,11 @@ LOGICAL = [s for s in catalog.OPS if s.dtypes == catalog.BOOL]
 SELECTS = [s for s in catalog.OPS if s.operand_roles()[:1] == ("bool",)]
 REDUCTIONS = [s for s in catalog.OPS if s.kind == catalog.REDUCE]
 REDUCE_NAMES = frozenset(s.ir_name for s in REDUCTIONS)
+# TF ops the catalog lowers to several IR ops, with a reference of their own (the gradient ops):
+# their error model is the IR ops' in turn (_composite_reference)
+COMPOSITES = [e for e in catalog.TF_OPS.values()
+              if e.reference is not None and e.kind != catalog.REDUCE]
+COMPOSITE_NAMES = frozenset(e.op_type for e in COMPOSITES)
 COMPARISON_NAMES = frozenset(s.ir_name for s in COMPARISONS)
 VIEWS = ("Reshape", "ExpandDims", "Squeeze")
 LEAKY_ALPHAS = (0.2, 0.01, 0.5, 1.5, -0.3, 0.0)
@@ -648,6 +655,38 @@ class _Builder:
         z = self._reduction(catalog.for_ir_name("Sum"), e, [axis], True)
         return self.node("RealDiv", "Div", (e, z), dtype)
 
+    def gradient(self):
+        """A gradient op (COMPOSITES): two operands of one shape (TensorFlow's kernels broadcast
+        nothing), either of them the gradient."""
+        a = self.pick(self.data)
+        dtype = self.dtype_of(a)
+        options = [e for e in COMPOSITES if ENUMS[dtype] in e.dtypes]
+        b = self.partner(a, same_shape=True)
+        if not options or self.shape_of(b) != self.shape_of(a):
+            return None
+        entry = self.ch.choice(options)
+        if self.ch.chance(0.5):
+            a, b = b, a
+        attrs = {}
+        if "alpha" in entry.attrs:  # a float attr: what TensorFlow reads is the float32 value
+            attrs["alpha"] = float(np.float32(self.ch.choice(LEAKY_ALPHAS)))
+        return self.node(entry.op_type, entry.op_type, (a, b), dtype, **attrs)
+
+    def bias_grad(self):
+        """BiasAddGrad: a Sum over every axis but the channels (NCHW of rank >= 3: axes on both
+        sides of them, which the rewriter refuses and TensorFlow must still run)."""
+        x = self.pick(lambda v: self.data(v) and len(self.shape_of(v)) >= 2)
+        if x is None:
+            return None
+        shape = self.shape_of(x)
+        fmt = "NHWC"
+        if len(shape) >= 3 and 0 not in shape and not self.foldable(x):  # as in `bias`
+            fmt = self.ch.choice(["NHWC", "NCHW"])
+        axes = catalog.bias_grad_axes(len(shape), fmt)
+        return self.node("BiasAddGrad", "Sum", (x,), self.dtype_of(x),
+                         shape=reduced_shape(shape, axes, False), axes=axes, keep_dims=False,
+                         data_format=fmt)
+
     def layernorm(self):
         x = self.pick(lambda v: self.floating(v) and len(self.shape_of(v)) >= 1)
         if x is None:
@@ -670,13 +709,13 @@ class _Builder:
 def _moves(dtype: str, features: Features) -> list:
     # simplest first (hypothesis shrinks to index 0); the many unary and binary ops get most draws
     moves = ["unary", "binary"] * 3 + ["compare", "select", "logical", "like", "addn", "clip",
-                                       "bias"]
+                                       "bias", "gradient", "gradient"]
     if dtype != "i32":
         moves += ["test", "cast", "unary", "unary"]
     if features.broadcast:
         moves += ["view"]
     if features.reductions:
-        moves += ["reduce", "reduce", "reduce", "softmax", "layernorm"]
+        moves += ["reduce", "reduce", "reduce", "softmax", "layernorm", "bias_grad"]
     return moves
 
 
@@ -768,18 +807,23 @@ def make_data(spec: GraphSpec) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Building and running
 
-def _raw(op: str, name: str, args):
+def _raw(op: str, name: str, args, **attrs):
     """tf.raw_ops.<op> with the data operands `args` in the op's input order."""
     import inspect
 
     fn = getattr(tf.raw_ops, op)
-    params = [p for p in inspect.signature(fn).parameters if p != "name"]
-    return fn(name=name, **dict(zip(params, args)))
+    params = [p for p in inspect.signature(fn).parameters if p not in ("name", *attrs)]
+    return fn(name=name, **dict(zip(params, args)), **attrs)
 
 
 def _tf_node(spec: GraphSpec, v: int, args):
     node, name = spec.values[v], spec.name(v)
     attrs = node.attrs
+    if node.tf_op == "BiasAddGrad":
+        return tf.raw_ops.BiasAddGrad(out_backprop=args[0], data_format=attrs["data_format"],
+                                      name=name)
+    if node.ir_name in COMPOSITE_NAMES:
+        return _raw(node.tf_op, name, args, **attrs)
     if node.ir_name in REDUCE_NAMES:
         axes = tf.constant(np.array(attrs["axes"], np.int32), name=name + "_axes")
         return getattr(tf.raw_ops, node.tf_op)(input=args[0], axis=axes,
@@ -1035,10 +1079,52 @@ def _bias_view(bias, rank: int, fmt: str):
     return bias if fmt != "NCHW" else bias.reshape(bias.shape + (1,) * (rank - 2))
 
 
+def _composite_reference(node, xs, es, us, dtype: str, by_tf: bool):
+    """(value, bound, unstable) of a TF op the catalog lowers to several IR ops (COMPOSITES):
+    the value its catalog reference gives; the bound and unstable mask of the IR ops its emit
+    gives, each through `_node_reference` in turn (TensorFlow's 16-bit kernel rounds each of them
+    to the type, which the rounding `_own_error` adds per op covers; inside it as inside a fused
+    kernel, a 16-bit value beyond the type's range makes its readers unstable)."""
+    from tensorflow.core.framework import node_def_pb2
+
+    entry = catalog.tf_op(node.tf_op)
+    values = list(zip(xs, es, us))  # the operands, then each IR op's result
+    tf_node = node_def_pb2.NodeDef(op=node.tf_op)
+    tf_node.attr["T"].type = ENUMS[dtype]
+    for key, value in node.attrs.items():
+        tf_node.attr[key].f = value
+
+    def em(op, operands, attrs=()):
+        spec = catalog.for_ir_name(op)
+        ids, args = [], []
+        for k, operand in enumerate(operands):
+            if isinstance(operand, tuple):  # ("value", index), as `em` returns them
+                ids.append(operand[1])
+                args.append(values[operand[1]])
+            else:  # an immediate, exact
+                ids.append(-1 - k)
+                number = np.int64(operand) if dtype == "i32" else np.float64(operand)
+                args.append((number, np.zeros(()), np.zeros((), bool)))
+        result = "bool" if spec.result == "bool" or spec.dtypes == catalog.BOOL else dtype
+        step = Node(op, op, tuple(ids), node.shape, result, dict(attrs))
+        r, e, u = _node_reference(step, *map(list, zip(*args)), result, by_tf)
+        if result in FLOATS:
+            u = u | _beyond_range(r, e, result)
+        values.append((r, e, u))
+        return ("value", len(values) - 1)
+
+    out = entry.emit(em, tf_node, [("value", i) for i in range(len(xs))], None)
+    _, e, u = values[out[1]]
+    r = entry.reference(*xs, **{key: node.attrs[key] for key in entry.attrs})
+    return np.broadcast_to(r, node.shape), e, u
+
+
 def _node_reference(node, xs, es, us, dtype: str, by_tf: bool):
     """(value, bound, unstable) of one node from its operands'. Values are f64 for floats, int64
     (wrapped) for i32, bool for bool."""
     shape, ir = node.shape, node.ir_name
+    if ir in COMPOSITE_NAMES:
+        return _composite_reference(node, xs, es, us, dtype, by_tf)
     zeros = np.zeros(shape)
     if ir == "BiasAdd":  # the bias as TensorFlow broadcasts it
         fmt, rank = node.attrs["data_format"], len(shape)
@@ -1365,6 +1451,10 @@ def test_generator_covers_the_op_table():
     missing = sorted((spec.ir_name, d) for spec in catalog.OPS for d in DTYPES + ("bool",)
                      if ENUMS[d] in spec.dtypes and spec.operand_roles()[0] == "data"
                      and (spec.ir_name, d) not in by_dtype)
+    assert not missing, missing
+    drawn = {(n.tf_op, s.dtype_of(n.operands[0])) for s in specs for n in s.nodes}
+    missing = sorted((e.op_type, d) for e in COMPOSITES for d in DTYPES
+                     if ENUMS[d] in e.dtypes and (e.op_type, d) not in drawn)
     assert not missing, missing
     # the reduction shapes the kernel has modes for, and the edges
     reductions = [(s.shape_of(n.operands[0]), n.attrs) for s in specs for n in s.nodes
