@@ -1,0 +1,58 @@
+"""A few SGD steps of a small dense network, one activation a layer; save losses, gradients and
+the executed op types.
+
+Run by tests/test_grad_ops.py in a fresh process, with AUTOFUSE_FLAGS enabling fusion (and the
+reduce pass, for BiasAddGrad) and without, so that the training step's backward ops go through
+the CPU plugin path as a user's would.
+Usage: python train_step.py OUT.npz
+"""
+
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from tf_autofuse import profiling
+
+ACTIVATIONS = ("relu", "sigmoid", "tanh", "elu", "selu", "softplus")
+STEPS = 3
+
+
+def main(out_path):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    layers = [keras.layers.Dense(32, activation=name) for name in ACTIVATIONS]
+    layers.append(keras.layers.Dense(1))
+    model = keras.Sequential([keras.Input(shape=(16,)), *layers])
+    optimizer = keras.optimizers.SGD(learning_rate=0.05)
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(0, 1, (64, 16)).astype(np.float32))
+    y = tf.constant(rng.normal(0, 1, (64, 1)).astype(np.float32))
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss, grads
+
+    graphs = [g for g in profiling.executed_function_graphs(train_step, x, y)
+              if any(n.op.endswith("Grad") or n.op == "AutofuseKernel" for n in g.node)]
+    losses, gradients = [], []
+    for _ in range(STEPS):
+        loss, grads = train_step(x, y)
+        losses.append(loss.numpy())
+        gradients.append(np.concatenate([g.numpy().ravel() for g in grads]))
+    weights = np.concatenate([w.numpy().ravel() for w in model.trainable_variables])
+    np.savez(out_path, losses=np.array(losses), gradients=np.array(gradients), weights=weights)
+    print(json.dumps({
+        "ops": sorted({n.op for g in graphs for n in g.node}),
+        "kernels": sorted(n.name for g in graphs for n in g.node if n.op == "AutofuseKernel"),
+    }))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,290 @@
+"""The gradient ops: each TF gradient op of the catalog (rewriter/catalog.py, `_GRADIENTS` and
+BiasAddGrad) lowers to IR ops that reproduce TensorFlow's CPU kernel operation for operation.
+
+- The catalog's references against TensorFlow's float64 kernels.
+- Structure: each gradient op is one kernel with its forward op and the op after it.
+- Numbers: fused vs unfused vs float64 under the random-graph error model, in every dtype the op
+  allows (test_random_graphs.check_spec); fused vs unfused bit for bit in f32 and f64 on values
+  with +-0, +-inf, NaN, subnormals, huge and tiny ones (SoftplusGrad, whose exp is the kernel's
+  own, within its ulps instead).
+- The Ascend C kernels of their programs, on the CPU twin, against the references.
+- BiasAddGrad: one Sum over every axis but the channels; NCHW of rank >= 3 refused, its reason
+  stated.
+- A Keras training step through the CPU plugin path: its gradient ops fused, losses, gradients
+  and weights as unfused.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework import op_def_registry
+
+import test_random_graphs as rg
+import tf_autofuse
+from test_codegen import as_float, check, store
+from test_plugin import ROOT, python
+from tf_autofuse.codegen import generate, twin
+from tf_autofuse.rewriter import catalog
+
+tf1 = tf.compat.v1
+
+GRADIENTS = rg.COMPOSITES  # the catalog's gradient ops but BiasAddGrad (a reduction)
+IDS = [e.op_type for e in GRADIENTS]
+# the operand that is the forward op's value (the others are the gradient flowing back)
+ACTIVATION_INPUTS = ("features", "outputs", "y")
+
+
+def _input_names(op_type):
+    return [arg.name for arg in op_def_registry.get(op_type).input_arg]
+
+
+def _attrs(entry):
+    return {"alpha": float(np.float32(0.3))} if "alpha" in entry.attrs else {}
+
+
+def _chain_spec(entry, dtype, shape=(61, 67), seed=0) -> rg.GraphSpec:
+    """x -> forward op -> gradient op (activation operand: the forward op's value, the other
+    operand: dy) -> * 2, fetched."""
+    forward = entry.op_type[:-len("Grad")]
+    values = [rg.Input(shape), rg.Input(shape),
+              rg.Node(forward, catalog.for_tf_op(forward).ir_name, (0,), shape, dtype,
+                      _attrs(entry))]
+    operands = tuple(2 if name in ACTIVATION_INPUTS else 1 for name in _input_names(entry.op_type))
+    values.append(rg.Node(entry.op_type, entry.op_type, operands, shape, dtype, _attrs(entry)))
+    values.append(rg.Input((), const=True, value=2))
+    values.append(rg.Node("Mul", "Mul", (3, 4), shape, dtype))
+    return rg.GraphSpec(dtype, values, fetches=[5], fed=[], seed=seed)
+
+
+# --- the references -----------------------------------------------------------------------------
+
+_SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 6.0, 0.5, 1e-300, -1e-310, 1e300]
+
+
+def _values(rng, n, dtype):
+    """Normal values, magnitudes over many decades, and 15 % specials (subnormals included)."""
+    half = n // 2
+    tiny, huge = (-30, 30) if dtype == np.float32 else (-300, 300)
+    x = np.concatenate([rng.normal(0, 3, half),
+                        10.0 ** rng.uniform(tiny, huge, n - half) * rng.choice([-1, 1], n - half)])
+    specials = _SPECIALS + [np.finfo(dtype).tiny / 3, -np.finfo(dtype).max]
+    mask = rng.random(n) < 0.15
+    x[mask] = rng.choice(specials, int(mask.sum()))
+    with np.errstate(over="ignore"):  # beyond float32's range: +-inf
+        return x.astype(dtype)
+
+
+def _tf_op(entry, args, **attrs):
+    names = _input_names(entry.op_type)
+    return getattr(tf.raw_ops, entry.op_type)(**dict(zip(names, args)), **attrs)
+
+
+@pytest.mark.parametrize("entry", GRADIENTS, ids=IDS)
+def test_reference_is_tensorflows_formula(entry):
+    rng = np.random.default_rng(1)
+    a, b = _values(rng, 4096, np.float64), _values(rng, 4096, np.float64)
+    want = _tf_op(entry, [tf.constant(a), tf.constant(b)], **_attrs(entry)).numpy()
+    got = entry.reference(a, b, **_attrs(entry))
+    # TensorFlow flushes subnormals (inputs and results) to zero; the reference computes exactly
+    normal = np.abs(want) >= np.finfo(np.float64).tiny
+    for v in (a, b):
+        normal &= (np.abs(v) >= np.finfo(np.float64).tiny) | (v == 0) | ~np.isfinite(v)
+    np.testing.assert_array_equal(np.isnan(got[normal]), np.isnan(want[normal]))
+    np.testing.assert_allclose(got[normal], want[normal], rtol=1e-12)
+
+
+def test_bias_add_grad_reference_and_axes():
+    x = np.random.default_rng(2).normal(0, 1, (2, 3, 4, 5))
+    reference = catalog.tf_op("BiasAddGrad").reference
+    for fmt, x_ in (("NHWC", x), ("NCHW", x), ("NCHW", x[0, 0])):
+        want = tf.raw_ops.BiasAddGrad(out_backprop=x_, data_format=fmt).numpy()
+        np.testing.assert_allclose(reference(x_, data_format=fmt), want, rtol=1e-12)
+    assert catalog.bias_grad_axes(4, "NHWC") == (0, 1, 2)
+    assert catalog.bias_grad_axes(4, "NCHW") == (0, 2, 3)
+    assert catalog.bias_grad_axes(2, "NCHW") == (0,)  # TensorFlow: the channels are last
+
+
+# --- structure ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry", GRADIENTS, ids=IDS)
+def test_gradient_op_fuses_with_its_neighbours(entry):
+    spec = _chain_spec(entry, "f32", shape=(8, 16))
+    graph, _, _ = rg.build_graph(spec, rg.make_data(spec))
+    fused = tf_autofuse.fuse(graph, outputs=[spec.name(5)])
+    (fusion,) = fused.fusions
+    assert set(fusion.nodes) == {spec.name(2), spec.name(3), spec.name(5)}
+    assert entry.op_type in fusion.op_types and entry.op_type in fusion.name
+    assert entry.op_type not in {n.op for n in fused.graph_def.node}
+    # the program holds the IR ops of TensorFlow's formula, in its order
+    ops = [line.split(" = ")[1].split()[0] for line in fusion.program.splitlines()
+           if line.startswith("%")]
+    assert tuple(ops[1:-1]) == entry.ir_ops
+
+
+def test_a_scalar_const_operand_is_an_input_not_an_immediate():
+    """SigmoidGrad's y * (1 - y) reads y alone: a Const y would make an instruction of
+    immediates only, so the gradient ops read their Const operands as inputs."""
+    graph = tf.Graph()
+    with graph.as_default():
+        dy = tf1.placeholder(tf.float32, [], name="dy")
+        y = tf.constant(0.25, name="y")
+        tf.multiply(tf.raw_ops.SigmoidGrad(y=y, dy=dy), 2.0, name="out")
+    fused = tf_autofuse.fuse(graph, outputs=["out"])
+    (fusion,) = fused.fusions
+    assert "%0 = Sub 1.0, in0\n" in fusion.program
+    np.testing.assert_array_equal(fused.run("out", {"dy": np.float32(3.0)}),
+                                  np.float32(3.0 * 0.25 * 0.75 * 2))
+
+
+# --- numbers -----------------------------------------------------------------------------------
+
+
+def _dtypes(entry):
+    return [d for d in rg.DTYPES if rg.ENUMS[d] in entry.dtypes]
+
+
+@pytest.mark.parametrize("entry", GRADIENTS, ids=IDS)
+def test_fused_unfused_and_float64_agree_in_every_dtype(entry):
+    for seed, dtype in enumerate(_dtypes(entry)):
+        outcome = rg.check_spec(_chain_spec(entry, dtype, seed=seed))
+        assert outcome.fused_kernels == 1, dtype
+
+
+def _bits_equal(a, b):
+    same = a.view(f"u{a.itemsize}") == b.view(f"u{b.itemsize}")
+    return same | (np.isnan(a) & np.isnan(b))
+
+
+def _ulps(a, b, dtype):
+    """|a - b| in ulps of dtype at b."""
+    with np.errstate(over="ignore"):
+        spacing = np.spacing(np.abs(b).astype(dtype)).astype(np.float64)
+    return np.abs(a.astype(np.float64) - b) / spacing
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("entry", GRADIENTS, ids=IDS)
+def test_fused_is_tensorflows_bits(entry, dtype):
+    """Bit for bit TensorFlow's kernel, NaN, +-inf, -0 and flushed subnormals included. 4096
+    elements: TensorFlow computes the last (size mod packet size) elements with Eigen's scalar
+    form, which associates SigmoidGrad's and SqrtGrad's products differently."""
+    rng = np.random.default_rng(3)
+    n = 4096
+    graph = tf.Graph()
+    with graph.as_default():
+        args = [tf1.placeholder(dtype, [n], name=f"in{i}") for i in range(2)]
+        tf.negative(_tf_op(entry, args, **_attrs(entry)), name="out")
+    fused = tf_autofuse.fuse(graph, outputs=["out"])
+    assert len(fused.fusions) == 1
+    feeds = {f"in{i}": _values(rng, n, dtype) for i in range(2)}
+    got = fused.run("out", feeds)
+    want = fused.run("out", feeds, original=True)
+    if not catalog.is_transcendental(entry.op_type):
+        bad = np.flatnonzero(~_bits_equal(got, want))
+        assert not bad.size, (bad[:5], got[bad[:5]], want[bad[:5]])
+        return
+    # the kernel's exp is its own (within 1.02 ulps in f32; Eigen's, TensorFlow's: 1.28)
+    reference = -entry.reference(*(feeds[f"in{i}"].astype(np.float64) for i in range(2)))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(reference) & (np.abs(reference) >= np.finfo(dtype).tiny)
+    assert (_ulps(got[finite], want[finite], dtype) <= 4).all()
+    assert (_ulps(got[finite], reference[finite], dtype)
+            <= _ulps(want[finite], reference[finite], dtype) + 2).all()
+
+
+# --- Ascend -------------------------------------------------------------------------------------
+
+
+def _program(entry, dtype, n):
+    """The program of gradient op -> Neg over two placeholders of n elements."""
+    graph = tf.Graph()
+    with graph.as_default():
+        args = [tf1.placeholder(rg.TF_DTYPES[dtype], [n], name=f"in{i}") for i in range(2)]
+        tf.negative(_tf_op(entry, args, **_attrs(entry)), name="out")
+    (fusion,) = tf_autofuse.fuse(graph, outputs=["out"]).fusions
+    return fusion.program
+
+
+def test_ascend_kernels_on_the_twin():
+    n = 3 * 1280 + 37  # 8 cores, the last one with a tail that is not 32-byte aligned
+    cases = [(entry, dtype) for entry in GRADIENTS for dtype in ("f32", "f16", "bf16")]
+    kernels = [generate(_program(entry, dtype, n), f"grad_{entry.op_type}_{dtype}")
+               for entry, dtype in cases]
+    assert all(k.ok for k in kernels), [k.reason for k in kernels if not k.ok]
+    lib = twin.build(kernels)
+    rng = np.random.default_rng(5)
+    for (entry, dtype), kernel in zip(cases, kernels):
+        xs = [store(rng.uniform(-3, 3, n), dtype) for _ in range(2)]
+        (got,), _ = lib.run(kernel.name, xs, core_num=8)
+        want = -entry.reference(*(as_float(x, dtype) for x in xs), **_attrs(entry))
+        check(got, want, dtype, f"{entry.op_type} {dtype}")
+
+
+# --- BiasAddGrad --------------------------------------------------------------------------------
+
+
+def _bias_grad_graph(shape, data_format):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, shape, name="x")
+        dy = tf1.placeholder(tf.float32, shape, name="dy")
+        tf.identity(tf.raw_ops.BiasAddGrad(out_backprop=tf.nn.relu(x) * dy,
+                                           data_format=data_format), name="db")
+    return graph
+
+
+@pytest.mark.parametrize("shape,data_format,axes", [((2, 5, 5, 16), "NHWC", "[0,1,2]"),
+                                                    ((8, 16), "NHWC", "[0]")])
+def test_bias_add_grad_is_one_sum(shape, data_format, axes):
+    fused = tf_autofuse.fuse(_bias_grad_graph(shape, data_format), outputs=["db"],
+                             passes=["pointwise", "reduce"])
+    (fusion,) = fused.fusions
+    assert fusion.kind == "reduce" and fusion.op_types[-1] == "BiasAddGrad"
+    assert f"= Sum %1 axes={axes}\nout0 = %2 -> [16]\n" in fusion.program
+    rng = np.random.default_rng(4)
+    feeds = {k: rng.normal(0, 1, shape).astype(np.float32) for k in ("x", "dy")}
+    got, want = fused.run("db", feeds), fused.run("db", feeds, original=True)
+    reference = catalog.tf_op("BiasAddGrad").reference(
+        np.maximum(feeds["x"], 0).astype(np.float64) * feeds["dy"], data_format=data_format)
+    assert got.shape == want.shape == (16,)
+    # the kernel sums in f64: at least as close to the float64 sum as TensorFlow's f32 sum
+    assert np.all(np.abs(got - reference) <= np.abs(want - reference) + 1e-6)
+
+
+def test_bias_add_grad_refusals_say_why():
+    fused = tf_autofuse.fuse(_bias_grad_graph((2, 16, 5, 5), "NCHW"), outputs=["db"],
+                             passes=["pointwise", "reduce"])
+    assert fused.fusions and all("BiasAddGrad" not in f.op_types for f in fused.fusions)
+    assert ("BiasAddGrad", "BiasAddGrad NCHW sums axes [0, 2, 3], on both sides of the "
+            "channels; a fused program reduces one run of consecutive axes") in fused.refusals
+    fused = tf_autofuse.fuse(_bias_grad_graph((4, 16), "NHWC"), outputs=["db"])
+    assert ("BiasAddGrad", "the reduce pass is off (--autofuse_enable_pass=reduce turns it on)"
+            ) in fused.refusals
+
+
+# --- a training step ----------------------------------------------------------------------------
+
+
+def test_keras_training_step_fuses_its_gradient_ops(tmp_path):
+    script = ROOT / "tests/scripts/train_step.py"
+    on = json.loads(python([script, tmp_path / "on.npz"],
+                           "--enable_autofuse=true;--autofuse_enable_pass=reduce",
+                           tmp_path).splitlines()[-1])
+    off = json.loads(python([script, tmp_path / "off.npz"], None, tmp_path).splitlines()[-1])
+    gradient_ops = {op for op in off["ops"]
+                    if catalog.tf_op(op) is not None and catalog.tf_op(op).reference is not None}
+    # Keras' relu, sigmoid, tanh, elu and selu layers and their biases (its softplus'
+    # gradient is TensorFlow's grad * sigmoid(x), no SoftplusGrad)
+    assert len(gradient_ops) >= 6 and "BiasAddGrad" in gradient_ops, gradient_ops
+    assert off["kernels"] == []
+    assert not gradient_ops & set(on["ops"]), on["ops"]
+    for op in gradient_ops:
+        assert any(f"_{op}_" in name for name in on["kernels"]), (op, on["kernels"])
+    fused, unfused = np.load(tmp_path / "on.npz"), np.load(tmp_path / "off.npz")
+    for key in ("losses", "gradients", "weights"):
+        np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-5, atol=1e-6, err_msg=key)
