@@ -9,6 +9,8 @@ built (catalog_cc.py), and the Ascend generator's op map (codegen/opmap.py) is c
 
 Adding an op: a row here, its kernel body in the CPU interpreter (cc/cpu/ops.h and its entry in
 CpuKernelsOf, or `cpu_refusal` here), and its Ascend C mapping or stated refusal in opmap.py.
+A TF op that is a formula of the table's ops (the gradient ops) is a TfOp instead: an `emit`
+writing that formula and a `reference` (see `_GRADIENTS`).
 """
 
 from __future__ import annotations
