@@ -870,12 +870,15 @@ def build_graph(spec: GraphSpec, data: dict):
     return graph, [tensors[v] for v in spec.fetches], feeds
 
 
-def session_config(fuse: bool, threads: int = 0, arithmetic: bool = True, params=None):
+def session_config(fuse: bool, threads: int = 0, arithmetic: bool = True, params=None,
+                   remapping: bool = True):
     cfg = tf1.ConfigProto(intra_op_parallelism_threads=threads)
     rewrite = cfg.graph_options.rewrite_options
     rewrite.use_plugin_optimizers = OFF
     if not arithmetic:
         rewrite.arithmetic_optimization = OFF
+    if not remapping:
+        rewrite.remapping = OFF
     if fuse:
         custom = rewrite.custom_optimizers.add()
         custom.name = tf_autofuse.OPTIMIZER_NAME
@@ -884,9 +887,10 @@ def session_config(fuse: bool, threads: int = 0, arithmetic: bool = True, params
     return cfg
 
 
-def run_session(graph, fetches, feeds, fuse: bool, arithmetic: bool = True, params=None):
+def run_session(graph, fetches, feeds, fuse: bool, arithmetic: bool = True, params=None,
+                remapping: bool = True):
     """(fetched values, {node name: op type} of what ran)."""
-    config = session_config(fuse, arithmetic=arithmetic, params=params)
+    config = session_config(fuse, arithmetic=arithmetic, params=params, remapping=remapping)
     with tf1.Session(graph=graph, config=config) as sess:
         metadata = tf1.RunMetadata()
         values = sess.run(fetches, feeds, options=tf1.RunOptions(output_partition_graphs=True),
@@ -1399,12 +1403,20 @@ def check_spec(spec: GraphSpec) -> Outcome:
     # a Max or Min over nothing: it rewrites Max(f(x)) as f(Max(x)) for monotonic f, wrong when
     # the reduction is empty (-max(sigmoid(x)) of an empty x is -0.0 instead of +inf).
     arithmetic = not spec.fed and not _empty_extremum(spec)
-    unfused, _ = run_session(graph, fetches, feeds, fuse=False, arithmetic=arithmetic)
+    # TensorFlow's remapper (its oneDNN patterns) rewrites Maximum(Mul(c, x), x) as
+    # LeakyRelu(x, c) whatever c is (wrong for c > 1: max(3x, x) is 3x where x > 0), and
+    # x * sigmoid(x) as one _MklSwish even when the sigmoid is fetched (then the fetch fails).
+    # Whether it meets those patterns depends on the graph it sees, which fusion changes, so
+    # graphs with a Maximum or a fetched Sigmoid run without it, fused or not.
+    remapping = not any(n.ir_name == "Maximum" or (n.ir_name == "Sigmoid" and v in spec.fetches)
+                        for v, n in zip(spec.node_indices(), spec.nodes))
+    unfused, _ = run_session(graph, fetches, feeds, fuse=False, arithmetic=arithmetic,
+                             remapping=remapping)
     _warn.reset()
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", _warn.AutofuseWarning)
         fused, executed = run_session(graph, fetches, feeds, fuse=True, arithmetic=arithmetic,
-                                      params=spec.params)
+                                      params=spec.params, remapping=remapping)
     said = [str(w.message) for w in said if issubclass(w.category, _warn.AutofuseWarning)]
     assert not said, spec.describe() + "\n" + "\n".join(said)  # the pass failed: unfused
     # nodes TensorFlow computed in the fused run: still there under their name, as their own
