@@ -12,6 +12,8 @@ BiasAddGrad) lowers to IR ops that reproduce TensorFlow's CPU kernel operation f
   stated.
 - A Keras training step through the CPU plugin path: its gradient ops fused, losses, gradients
   and weights as unfused.
+- Tile of size-1 axes (the gradient of a mean): read broadcast by its readers, as a member or
+  read through; the Tiles a program cannot read broadcast refused, each with its reason.
 """
 
 from __future__ import annotations
@@ -288,3 +290,112 @@ def test_keras_training_step_fuses_its_gradient_ops(tmp_path):
     fused, unfused = np.load(tmp_path / "on.npz"), np.load(tmp_path / "off.npz")
     for key in ("losses", "gradients", "weights"):
         np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+# --- Tile of size-1 axes: a broadcast ------------------------------------------------------------
+
+
+def _mean_grad_graph():
+    """The gradient of a mean over an axis: Reshape, Tile of the size-1 axis, / n, then the
+    gradients of x * x."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [64, 8], name="x")
+        w = tf1.placeholder(tf.float32, [64], name="w")
+        loss = tf.reduce_sum(tf.reduce_mean(x * x, axis=1) * w)
+        tf.identity(tf1.gradients(loss, [x])[0], name="gx")
+    return graph
+
+
+def test_the_tile_of_a_mean_gradient_is_read_broadcast():
+    graph = _mean_grad_graph()
+    tiles = {n.name for n in graph.as_graph_def().node if n.op == "Tile"}
+    fused = tf_autofuse.fuse(graph, outputs=["gx"])
+    assert any(tiles & (set(f.nodes) | set(f.absorbed)) for f in fused.fusions), fused.report()
+    assert not tiles & {n.name for n in fused.graph_def.node}
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.normal(0, 1, (64, 8)).astype(np.float32),
+             "w": rng.normal(0, 1, 64).astype(np.float32)}
+    np.testing.assert_array_equal(fused.run("gx", feeds), fused.run("gx", feeds, original=True))
+    # and through Grappler: the session runs no Tile
+    spec_feeds = {graph.get_tensor_by_name(f"{k}:0"): v for k, v in feeds.items()}
+    gx = graph.get_tensor_by_name("gx:0")
+    (want,), _ = rg.run_session(graph, [gx], spec_feeds, fuse=False)
+    (got,), executed = rg.run_session(graph, [gx], spec_feeds, fuse=True)
+    assert "Tile" not in executed.values() and "AutofuseKernel" in executed.values()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_tile_member_is_its_operand_broadcast():
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf1.placeholder(tf.float32, [5, 1], name="a")
+        b = tf1.placeholder(tf.float32, [5, 3], name="b")
+        t = tf.tile(a, [1, 3], name="t")
+        tf.add(t, b, name="s")
+    fused = tf_autofuse.fuse(graph, outputs=["t", "s"])
+    (fusion,) = fused.fusions
+    assert fusion.op_types == ("Tile", "AddV2")
+    assert fusion.program == ("in0: f32[5,1]\nin1: f32[5,3]\n%0 = Add in0, in1\nout0 = in0\n"
+                              "out1 = %0\n")
+    rng = np.random.default_rng(7)
+    feeds = {"a": rng.normal(0, 1, (5, 1)).astype(np.float32),
+             "b": rng.normal(0, 1, (5, 3)).astype(np.float32)}
+    for name in ("t", "s"):
+        np.testing.assert_array_equal(fused.run(name, feeds), fused.run(name, feeds,
+                                                                        original=True))
+
+
+def test_tile_refusals_say_why():
+    graph = tf.Graph()
+    with graph.as_default():
+        b = tf1.placeholder(tf.float32, [5, 3], name="b")
+        tf.negative(tf.tile(b, [2, 1], name="t"), name="n")
+        a = tf1.placeholder(tf.float32, [5, 1], name="a")
+        tf.reduce_sum(tf.tile(tf.exp(a), [1, 3], name="t2") * 2.0, axis=[0], name="sum")
+        tf.reduce_sum(tf.tile(a, [1, 3], name="t3"), axis=[1], name="sum3")
+    fused = tf_autofuse.fuse(graph, outputs=["n", "sum", "sum3"], passes=["pointwise", "reduce"])
+    reasons = dict(fused.refusals)
+    assert reasons["t"] == ("Tile repeats axis 0 of size 5 2 times: only repeated size-1 axes "
+                            "are a broadcast, which is what a fused program reads")
+    # a Tile gives no size: its readers need another input of the tiled shape
+    assert reasons["t2"].endswith("not the iteration shape [5,1]; a Tile's repeats give the "
+                                  "program no size: its inputs' broadcast does")
+    assert "sum3 reduces t3, a Tile the program does not compute" in reasons["sum3"]
+
+
+def test_a_program_with_reductions_reads_a_tile_as_it_is():
+    """x - mean(x) for x a Tile: read broadcast, x would make x - mean(x) a reduced value (one
+    element a row), where TensorFlow's has the Tile's shape (the fuzz's seed 4242, graph 162)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf1.placeholder(tf.float32, [4, 1], name="a")
+        x = tf1.placeholder(tf.float32, [4, 7], name="x")
+        t = tf.tile(a, [1, 7], name="t")
+        tf.add(t - tf.reduce_mean(t, axis=[1], keepdims=True), x, name="out")
+    fused = tf_autofuse.fuse(graph, outputs=["out"], passes=["pointwise", "reduce"])
+    assert fused.fusions and not any("t" in f.absorbed for f in fused.fusions)
+    rng = np.random.default_rng(9)
+    feeds = {"a": rng.normal(0, 1, (4, 1)).astype(np.float32),
+             "x": rng.normal(0, 1, (4, 7)).astype(np.float32)}
+    got = fused.run("out", feeds)
+    assert got.shape == (4, 7)
+    np.testing.assert_allclose(got, fused.run("out", feeds, original=True), atol=1e-6)
+
+
+def test_a_reduction_never_reads_a_tile_broadcast():
+    """The Tile's reader is a Sum: it reduces the Tile's output, never its operand broadcast
+    (which would sum 1 element where the Tile has 3)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf1.placeholder(tf.float32, [5, 1], name="a")
+        x = tf1.placeholder(tf.float32, [5, 3], name="x")
+        total = tf.reduce_sum(tf.tile(a, [1, 3], name="t"), axis=[1], keepdims=True)
+        tf.add(total, x, name="out")
+    fused = tf_autofuse.fuse(graph, outputs=["out"], passes=["pointwise", "reduce"])
+    assert fused.fusions and "t" in {n.name for n in fused.graph_def.node}
+    rng = np.random.default_rng(8)
+    feeds = {"a": rng.normal(0, 1, (5, 1)).astype(np.float32),
+             "x": rng.normal(0, 1, (5, 3)).astype(np.float32)}
+    np.testing.assert_allclose(fused.run("out", feeds), fused.run("out", feeds, original=True),
+                               rtol=1e-6)

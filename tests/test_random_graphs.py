@@ -5,7 +5,7 @@ binary op, comparisons and IsNan/IsInf/IsFinite feeding Select and the logical o
 float types, ZerosLike/OnesLike, LeakyRelu with a drawn alpha, AddN, ClipByValue, BiasAdd (NHWC,
 NCHW), the TF ops the catalog lowers to several IR ops with a reference of their own (the
 gradient ops: ReluGrad, SigmoidGrad...), and with `Features`: operands of broadcast shapes and
-views (Reshape, ExpandDims, Squeeze) of inputs, and reductions (Sum, Mean, Max, Min, Prod over
+views (Reshape, ExpandDims, Squeeze) of inputs, Tile of size-1 axes, and reductions (Sum, Mean, Max, Min, Prod over
 random axes, keep_dims or not, with ops before and after, reduced values broadcast back, softmax
 and layer norm shapes, 0-sized and size-1 reduced axes, BiasAddGrad NHWC and NCHW). Shared
 inputs, diamonds, constants, shapes from 0-sized to ~100k elements, every dtype the op allows,
@@ -253,7 +253,7 @@ REDUCE_NAMES = frozenset(s.ir_name for s in REDUCTIONS)
 # TF ops the catalog lowers to several IR ops, with a reference of their own (the gradient ops):
 # their error model is the IR ops' in turn (_composite_reference)
 COMPOSITES = [e for e in catalog.TF_OPS.values()
-              if e.reference is not None and e.kind != catalog.REDUCE]
+              if e.reference is not None and e.kind in (catalog.ELEMENTWISE, catalog.BROADCAST)]
 COMPOSITE_NAMES = frozenset(e.op_type for e in COMPOSITES)
 COMPARISON_NAMES = frozenset(s.ir_name for s in COMPARISONS)
 VIEWS = ("Reshape", "ExpandDims", "Squeeze")
@@ -300,10 +300,10 @@ class HypothesisChooser(Chooser):
 class Features:
     """What the generator may use beyond the elementwise ops (always drawn, typed ones too).
 
-    broadcast: operands of broadcastable shapes ([N,C] + [C], [1,C], [N,1]) and views
-      (Reshape, ExpandDims, Squeeze) of inputs.
-    reductions: Sum, Mean, Max, Min, Prod, softmax and layer-norm shapes; the fused run turns
-      on the reduce pass (`--autofuse_enable_pass=reduce`).
+    broadcast: operands of broadcastable shapes ([N,C] + [C], [1,C], [N,1]), views
+      (Reshape, ExpandDims, Squeeze) of inputs, Tile of size-1 axes.
+    reductions: Sum, Mean, Max, Min, Prod, softmax and layer-norm shapes, BiasAddGrad; the fused
+      run turns on the reduce pass (`--autofuse_enable_pass=reduce`).
     flags: the fused run (and the rewriter) also get a random `max_fusion_size`,
       `max_input_nums_after_fuse` and `recomputation_threshold` (groups split, inputs limited,
       producers recomputed in their consumers' kernels).
@@ -486,7 +486,9 @@ class _Builder:
 
     # --- moves ----------------------------------------------------------------------------
     def unary(self):
-        x = self.pick(self.data)
+        return self.unary_of(self.pick(self.data))
+
+    def unary_of(self, x):
         dtype = self.dtype_of(x)
         spec = self.ch.choice([s for s in UNARY if ENUMS[dtype] in s.dtypes])
         attrs = {}
@@ -672,6 +674,32 @@ class _Builder:
             attrs["alpha"] = float(np.float32(self.ch.choice(LEAKY_ALPHAS)))
         return self.node(entry.op_type, entry.op_type, (a, b), dtype, **attrs)
 
+    def tile(self):
+        """Tile repeating the size-1 axes of a value (the gradient of a mean), often combined
+        with a value of the tiled shape; now and then repeating an axis > 1 (refused by the
+        rewriter, which TensorFlow must still run)."""
+        x = self.pick(lambda v: self.data(v) and 1 in self.shape_of(v))
+        if x is None or self.ch.chance(0.3):
+            x = self.add(Input(tuple(1 if self.ch.chance(0.5) else d for d in self.shape)))
+            if self.ch.chance(0.5):
+                x = self.unary_of(x)
+        shape = self.shape_of(x)
+        if not shape:
+            return None
+        target = self.shape[-len(shape):] if len(self.shape) >= len(shape) else shape
+        multiples = [t if d == 1 else 1 for d, t in zip(shape, target)]
+        if self.ch.chance(0.1):
+            multiples[self.ch.integers(0, len(shape) - 1)] = 2
+        tiled = tuple(d * m for d, m in zip(shape, multiples))
+        t = self.node("Tile", "Tile", (x,), self.dtype_of(x), shape=tiled,
+                      multiples=tuple(multiples))
+        if self.ch.chance(0.6):
+            spec = self.ch.choice([s for s in BINARY if ENUMS[self.dtype_of(t)] in s.dtypes])
+            other = self.partner(t)
+            return self.node(self.ch.choice(spec.tf_ops), spec.ir_name, (t, other),
+                             self.dtype_of(t))
+        return t
+
     def bias_grad(self):
         """BiasAddGrad: a Sum over every axis but the channels (NCHW of rank >= 3: axes on both
         sides of them, which the rewriter refuses and TensorFlow must still run)."""
@@ -713,7 +741,7 @@ def _moves(dtype: str, features: Features) -> list:
     if dtype != "i32":
         moves += ["test", "cast", "unary", "unary"]
     if features.broadcast:
-        moves += ["view"]
+        moves += ["view", "tile"]
     if features.reductions:
         moves += ["reduce", "reduce", "reduce", "softmax", "layernorm", "bias_grad"]
     return moves
@@ -822,6 +850,9 @@ def _tf_node(spec: GraphSpec, v: int, args):
     if node.tf_op == "BiasAddGrad":
         return tf.raw_ops.BiasAddGrad(out_backprop=args[0], data_format=attrs["data_format"],
                                       name=name)
+    if node.tf_op == "Tile":
+        multiples = tf.constant(np.array(attrs["multiples"], np.int32), name=name + "_multiples")
+        return tf.raw_ops.Tile(input=args[0], multiples=multiples, name=name)
     if node.ir_name in COMPOSITE_NAMES:
         return _raw(node.tf_op, name, args, **attrs)
     if node.ir_name in REDUCE_NAMES:
@@ -1129,6 +1160,10 @@ def _node_reference(node, xs, es, us, dtype: str, by_tf: bool):
     shape, ir = node.shape, node.ir_name
     if ir in COMPOSITE_NAMES:
         return _composite_reference(node, xs, es, us, dtype, by_tf)
+    if ir == "Tile":  # copies, exact
+        reps = node.attrs["multiples"]
+        return (catalog.tf_op("Tile").reference(xs[0], reps), np.tile(es[0], reps),
+                np.tile(us[0], reps))
     zeros = np.zeros(shape)
     if ir == "BiasAdd":  # the bias as TensorFlow broadcasts it
         fmt, rank = node.attrs["data_format"], len(shape)

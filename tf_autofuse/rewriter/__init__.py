@@ -157,10 +157,12 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         graph_def, shapes, taken, epilogue_refusals = fuse_epilogues(graph_def, shapes, policy)
     view = GraphView(graph_def, shapes)
 
+    computed: set = set()  # members of the partitioner's groups: never read through
+
     def absorbable(name: str, members) -> bool:
         node = view.node(name)
         consumers = view.data_consumers(name)
-        return (name not in preserve and name not in feeds and consumers
+        return (name not in computed and name not in preserve and name not in feeds and consumers
                 and all(c in members for c, _, _ in consumers)
                 and not view.control_inputs(name) and not view.control_consumers(name)
                 and view.device_type(name) == "CPU" and len(view.data_inputs(name)) >= 1
@@ -169,7 +171,12 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
     claims, refusals, groups, served = [], list(epilogue_refusals), [], {}
     if patterns:
         errors.phase("patterns")
-        claims, excluded, claim_refusals = apply_patterns(view, patterns, policy, absorbable)
+        # a pattern reads through view nodes only: a Tile it read through could still be a
+        # member of the partitioner's groups
+        claims, excluded, claim_refusals = apply_patterns(
+            view, patterns, policy,
+            lambda name, members: catalog.tf_op(view.node(name).op).kind == catalog.VIEW
+            and absorbable(name, members))
         refusals += claim_refusals
         policy = dataclasses.replace(policy, excluded=tuple(excluded.items()))
     if auto:
@@ -186,6 +193,7 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         if groups:
             errors.phase("recomputation")
             served = plan_recomputation(view, groups, policy, refusals)
+        computed.update(m for group in groups for m in group.members)
 
     errors.phase("lower")
     namer = Namer(node.name for node in graph_def.node)
@@ -218,6 +226,9 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
     fusions = [dataclasses.replace(fusion, program=plan.lowered.program.print(),
                                    absorbed=plan.lowered.absorbed)
                for fusion, plan in zip(fusions, plans)]
+    # a Tile refused as a member may still be read through by its readers' kernel: then it is gone
+    absorbed = {name for fusion in fusions for name in fusion.absorbed}
+    refusals = [r for r in refusals if r[0] not in absorbed]
     errors.phase("splice")
     spliced = splice(view, plans, preserve | feeds)
     errors.phase("refold")

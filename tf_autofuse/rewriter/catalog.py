@@ -27,10 +27,13 @@ from tensorflow.core.framework import node_def_pb2, types_pb2
 #   broadcast    several operands that broadcast numpy-style to the result's shape
 #   reduce       one operand reduced over axes given by a Const (IR attr `axes=`)
 #   view         a free reshape (Reshape, Squeeze, ExpandDims): absorbed as an input view
+#   expand       one operand repeated along its size-1 axes (a Tile that is a broadcast): no
+#                instruction, its readers read the operand broadcast to its shape
 ELEMENTWISE = "elementwise"
 BROADCAST = "broadcast"
 REDUCE = "reduce"
 VIEW = "view"
+EXPAND = "expand"
 
 # Grappler's arithmetic optimizer folds CPU chains of unary ops into this op; attr `op_names`.
 COMPOSITION_OP = "_UnaryOpsComposition"
@@ -297,6 +300,8 @@ class TfOp:
     reference: the numpy golden (float64 capable) of an op that lowers to several IR ops,
       operands in the TF op's input order, `attrs` as keywords; None: its IR ops' own.
     attrs: the node attrs its emit and reference read (the tests draw them).
+    result_shape(node, inputs, shapes, const_of) -> the output's static shape from the data
+      operands' (an EXPAND op's); raises Unsupported. None: their numpy broadcast.
     """
 
     op_type: str
@@ -315,6 +320,7 @@ class TfOp:
     immediates: bool = True
     reference: Optional[Callable] = None
     attrs: frozenset = frozenset()
+    result_shape: Optional[Callable] = None
 
     def compute_dtype(self, node) -> Optional[int]:
         if self.dtype_attr is None:
@@ -634,6 +640,26 @@ def _gradient_ops() -> dict:
     return table
 
 
+def _tile_shape(node, inputs, shapes, const_of) -> tuple:
+    """Tile's output shape when it repeats size-1 axes only, i.e. is a numpy broadcast of its
+    operand; raises Unsupported."""
+    (shape,) = shapes
+    multiples = _const_ints(const_of, inputs[1], "Tile's multiples")
+    if shape is None:
+        raise Unsupported("Tile of a tensor of unknown rank")
+    if len(multiples) != len(shape):
+        raise Unsupported(f"Tile multiples {multiples} for a tensor of rank {len(shape)}")
+    tiled = []
+    for axis, (size, times) in enumerate(zip(shape, multiples)):
+        if times == 1 or (size == 1 and times >= 0):
+            tiled.append(size * times)
+            continue
+        raise Unsupported(f"Tile repeats axis {axis} of size {'?' if size < 0 else size} "
+                          f"{times} times: only repeated size-1 axes are a broadcast, which "
+                          "is what a fused program reads")
+    return tuple(tiled)
+
+
 def bias_grad_axes(rank: int, data_format: str) -> tuple:
     """The axes BiasAddGrad sums: every axis but the channels, the last one (NHWC, and NCHW of
     rank 2) or axis 1 (NCHW of rank 3 and more)."""
@@ -708,6 +734,9 @@ def _build_tf_ops() -> dict:
         reference=_quiet(lambda x, data_format: np.sum(x, axis=bias_grad_axes(x.ndim,
                                                                                data_format))),
         attrs=frozenset({"data_format"}))
+    table["Tile"] = TfOp("Tile", EXPAND, ANY, (), lambda em, node, operands, axes: operands[0],
+                         n_static=1, immediates=False, result_shape=_tile_shape,
+                         reference=_quiet(np.tile))
     for op_type in ("Reshape", "Squeeze", "ExpandDims"):
         table[op_type] = TfOp(op_type, VIEW, ANY, (), None)
     for op_type, entry in table.items():  # a TF op lowering to an op the CPU kernel refuses
@@ -852,6 +881,8 @@ def output_shape(node, inputs, shapes, const_of):
             return None
         if entry.kind == VIEW:
             return view_shape(node, inputs, shapes[0], const_of)
+        if entry.result_shape is not None:
+            return entry.result_shape(node, inputs, shapes[:1], const_of)
         if entry.kind == REDUCE:
             if shapes[0] is None:
                 return None

@@ -322,7 +322,8 @@ def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
         operands = [(k, x, s, d) for (k, x, _, d), s in zip(operands, shapes)]
         if any(s is None for s in shapes):
             shape = None
-            if entry is not None and entry.kind == catalog.REDUCE:
+            if entry is not None and (entry.kind == catalog.REDUCE
+                                      or entry.result_shape is not None):
                 raise Unfusible(f"{name}: {node.op} of a tensor of unknown rank")
         elif entry is not None and entry.kind == catalog.REDUCE:
             try:
@@ -330,6 +331,11 @@ def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
             except catalog.Unsupported as err:
                 raise Unfusible(f"{name}: {err}") from None
             shape = catalog.reduced_shape(shapes[0], axes, keep)
+        elif entry is not None and entry.result_shape is not None:
+            try:
+                shape = entry.result_shape(node, inputs, shapes, view.const_value)
+            except catalog.Unsupported as err:
+                raise Unfusible(f"{name}: {err}") from None
         else:
             try:
                 shape = _broadcast(view, shapes)
@@ -358,6 +364,7 @@ class _Plan:
     reduce_axes: Optional[tuple]
     outputs: list  # member names
     output_views: list
+    iteration: Optional[tuple]  # the broadcast of the input views (None: unknown rank)
 
 
 @_refusing_internal_errors
@@ -408,6 +415,8 @@ def _plan(view: GraphView, members: list, preserve: AbstractSet[str],
                 rank = len(v.shape)
     usages = []  # (tensor, shape as read, placement)
     reductions = []  # (name, axes, operand shape, operand placement)
+    expanded = {name for name, entry, *_ in plans if entry is not None
+                and entry.kind == catalog.EXPAND}
     for name, entry, ops, operands, axes, keep in plans:
         value = values[name]
         if unknown_rank:
@@ -415,6 +424,9 @@ def _plan(view: GraphView, members: list, preserve: AbstractSet[str],
             continue
         if entry is not None and entry.kind == catalog.REDUCE:
             kind, x, shape, _ = operands[0]
+            if kind == "val" and x in expanded:
+                raise Unfusible(f"{name} reduces {x}, a Tile the program does not compute (its "
+                                "readers read its operand broadcast), not a full value")
             placement = tuple(range(len(shape)))
             if kind == "val":
                 placement = values[x].placement
@@ -513,8 +525,10 @@ def _plan(view: GraphView, members: list, preserve: AbstractSet[str],
                 wanted = f"the iteration shape {_fmt(iteration)}"
                 if reduced_shape is not None:
                     wanted = f"neither {wanted} nor the reduced shape {_fmt(reduced_shape)}"
+                hint = ("; a Tile's repeats give the program no size: its inputs' broadcast "
+                        "does" if expanded else "")
                 raise Unfusible(f"{name} would be an output of shape {_fmt(value.shape)}, "
-                                f"{'not ' if reduced_shape is None else ''}{wanted}")
+                                f"{'not ' if reduced_shape is None else ''}{wanted}{hint}")
             if tuple(value.shape) != expected:
                 out_view = _shown(value.shape)
                 if sum(1 for d in out_view if d < 0) > 1:
@@ -526,7 +540,7 @@ def _plan(view: GraphView, members: list, preserve: AbstractSet[str],
         raise Unfusible("nothing of the group is read outside it")
 
     return _Plan(members, member_set, plans, values, symbols, next_symbol, unknown_rank, rank,
-                 reduce_axes, outputs, output_views)
+                 reduce_axes, outputs, output_views, iteration)
 
 
 def _input_view(view: GraphView, plan: _Plan, tensor: Tensor, shape, placement, dtype,
@@ -549,17 +563,42 @@ def _input_view(view: GraphView, plan: _Plan, tensor: Tensor, shape, placement, 
             view_ = tuple(shape)
         producer = view.node(tensor[0])
         entry = catalog.tf_op(producer.op)
-        if (absorbable is not None and entry is not None and entry.kind == catalog.VIEW
+        if (absorbable is not None and entry is not None
+                and entry.kind in (catalog.VIEW, catalog.EXPAND)
                 and tensor[1] == 0 and absorbable(tensor[0], plan.member_set)):
             inner = view.data_inputs(tensor[0])[0]
-            candidate = view_ if view_ is not None else tuple(shape)
-            if sum(1 for d in candidate if d < 0) <= 1:
-                source, decl_shape, view_ = inner, view.tensor_shape(inner), candidate
-                through = tensor[0]
+            if entry.kind == catalog.VIEW:
+                candidate = view_ if view_ is not None else tuple(shape)
+                if sum(1 for d in candidate if d < 0) <= 1:
+                    source, decl_shape, view_ = inner, view.tensor_shape(inner), candidate
+                    through = tensor[0]
+            else:
+                read = _broadcast_read(view, producer, inner, shape, placement, rank)
+                if read is not None:
+                    source, decl_shape, through = inner, view.tensor_shape(inner), tensor[0]
+                    view_ = None if read == tuple(decl_shape) else read
         if view_ is not None and sum(1 for d in view_ if d < 0) > 1:
             raise Unfusible(f"input {tensor[0]} needs the view {_fmt(view_)}, which has "
                             "more than one unknown size")
     return source, decl_shape, view_, through
+
+
+def _broadcast_read(view: GraphView, node, inner: Tensor, shape, placement, rank: int):
+    """How a consumer that reads the output of an EXPAND node (a Tile of size-1 axes), of
+    shape `shape` at `placement`, can read the node's operand instead, broadcast: the operand's
+    shape at that placement. None unless the operand's shape is static and the node a broadcast
+    of it to `shape`."""
+    inner_shape = view.tensor_shape(inner)
+    if inner_shape is None or len(inner_shape) != len(shape) or min(inner_shape, default=0) < 0:
+        return None
+    try:
+        tiled = catalog.tf_op(node.op).result_shape(node, view.data_inputs(node.name),
+                                                     [tuple(inner_shape)], view.const_value)
+    except catalog.Unsupported:
+        return None
+    if tuple(tiled) != tuple(shape):
+        return None
+    return _embed(tuple(inner_shape), placement, rank)
 
 
 def _operand_placement(plan: _Plan, name: str, entry):
@@ -585,16 +624,35 @@ def _emit_node(em, name: str, node, entry, ops, args, axes):
         raise Unfusible(f"{name}: {err}") from None
 
 
+def _iteration_kept(view: GraphView, plan: _Plan, reads) -> bool:
+    """Do inputs read as `reads` give the plan's iteration shape?"""
+    if plan.unknown_rank:
+        return True
+    try:
+        return _broadcast(view, [(1,) * (plan.rank - len(r)) + tuple(r) for r in reads]) \
+            == plan.iteration
+    except catalog.Unsupported:
+        return False
+
+
 def _emit(view: GraphView, plan: _Plan, absorbable) -> Lowered:
     """The program of a plan, its inputs, outputs and dtypes; or Unfusible."""
     decls, instructions, op_types = [], [], []
     input_refs: dict = {}
     input_tensors, in_dtypes, absorbed = [], [], []
+    reads = []  # the shape each input is read as
     refs: dict[str, ir.Ref] = {}
+    # reads through view nodes, not Tiles. A program with reductions never reads a Tile's
+    # operand broadcast: a reduction's operand is a full value, and values computed from that
+    # operand would be reduced ones, of another shape than the Tile's readers have in TF.
+    views_only = None if absorbable is None else (
+        lambda name, members: catalog.tf_op(view.node(name).op).kind != catalog.EXPAND
+        and absorbable(name, members))
+    reads_through = absorbable if plan.reduce_axes is None else views_only
 
     def input_ref(tensor: Tensor, shape, placement, dtype) -> ir.Ref:
         source, decl_shape, view_, through = _input_view(view, plan, tensor, shape, placement,
-                                                         dtype, absorbable)
+                                                         dtype, reads_through)
         if through is not None and through not in absorbed:
             absorbed.append(through)
         key = (source, None if view_ is None else tuple(view_))
@@ -604,6 +662,7 @@ def _emit(view: GraphView, plan: _Plan, absorbable) -> Lowered:
                                       _shown(view_)))
             input_tensors.append(source)
             in_dtypes.append(dtype)
+            reads.append(view_ if view_ is not None else decl_shape)
         return input_refs[key]
 
     def em(op: str, operands, attrs=()) -> ir.Ref:
@@ -624,8 +683,16 @@ def _emit(view: GraphView, plan: _Plan, absorbable) -> Lowered:
                 args.append(input_ref(x, shape, where, dtype))
         refs[name] = _emit_node(em, name, view.node(name), entry, ops, args, axes)
         op_types.extend(ops)
+    if any(catalog.tf_op(view.node(n).op).kind == catalog.EXPAND for n in absorbed) \
+            and not _iteration_kept(view, plan, reads):
+        # read broadcast, a Tile's operand no longer gives the iteration its size: the program
+        # reads the Tiles' outputs
+        return _emit(view, plan, views_only)
 
     outputs = plan.outputs
+    if not instructions and any(entry is not None and entry.kind == catalog.EXPAND
+                                for _, entry, *_ in plan.plans):
+        raise Unfusible("the group computes nothing: its Tiles are read broadcast, not computed")
     try:
         program = ir.FusedProgram(decls, instructions, [refs[n] for n in outputs],
                                   plan.output_views)
@@ -769,11 +836,11 @@ def _not_broadcast(shapes) -> str:
 
 
 def reads_view_node(view: GraphView, lowered: Lowered) -> bool:
-    """Does the program read output 0 of a view node (Reshape, ...), which `build` with an
-    `absorbable` could read through instead?"""
+    """Does the program read output 0 of a view node (Reshape, ...) or of a Tile, which `build`
+    with an `absorbable` could read through instead?"""
     for name, index in lowered.inputs:
         entry = catalog.tf_op(view.node(name).op) if index == 0 else None
-        if entry is not None and entry.kind == catalog.VIEW:
+        if entry is not None and entry.kind in (catalog.VIEW, catalog.EXPAND):
             return True
     return False
 
