@@ -344,6 +344,12 @@ def test_a_tile_member_is_its_operand_broadcast():
     for name in ("t", "s"):
         np.testing.assert_array_equal(fused.run(name, feeds), fused.run(name, feeds,
                                                                         original=True))
+    # and its Ascend kernel on the twin: out0 = in0 stores the input broadcast
+    kernel = generate(fusion.program, "tile_member")
+    assert kernel.ok, kernel.reason
+    (t, s), _ = twin.build([kernel]).run(kernel.name, [feeds["a"], feeds["b"]], core_num=2)
+    np.testing.assert_array_equal(t.reshape(5, 3), np.broadcast_to(feeds["a"], (5, 3)))
+    np.testing.assert_array_equal(s.reshape(5, 3), feeds["a"] + feeds["b"])
 
 
 def test_tile_refusals_say_why():
