@@ -3,7 +3,8 @@
 # tensorflow-cpu==VERSION, then `pip install .` over it. Checks that the install left that
 # TensorFlow the only one, then, with no compiler usable (CXX=false, an empty kernel cache), that
 # the three examples fuse in both modes and the focused tests pass: the examples, a tf.function
-# and a Keras model through the plugin path, the Python API.
+# and a Keras model through the plugin path, the Python API, the epilogues TensorFlow's fused
+# kernels of that release take.
 #
 #   scripts/test_tf_version.sh 2.15.1 [VENV_DIR]      (default VENV_DIR: .cache/venv-tf-VERSION)
 set -euo pipefail
@@ -56,4 +57,5 @@ for example in "$ROOT"/examples/tensorflow/af_tf_*/test_*.py; do
     echo "fused: $name: $(echo "$out" | grep -o 'autofuse_[a-z]*_[0-9][A-Za-z0-9_]*' | sort -u | tr '\n' ' ')"
   done
 done
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests/test_plugin.py" "$ROOT/tests/test_api.py"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests/test_plugin.py" "$ROOT/tests/test_api.py" \
+  "$ROOT/tests/test_epilogue.py"
