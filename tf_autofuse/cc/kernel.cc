@@ -57,12 +57,12 @@ using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-// How a kernel uses the intra-op pool. The interpreter's cost units are rough (an erfc costs 4 or
-// 40 adds depending on the machine), so each kernel times its first two inline runs (one is not
-// enough: the first also faults in the thread's scratch). From then on every run goes to
-// TensorFlow's ParallelFor with its cost per item in cycles, as TensorFlow's own elementwise
-// kernels do: Eigen's cost model runs it inline when it is small (~100k cycles) and otherwise
-// splits it over the pool. Deciding as TensorFlow does matters in a model: a kernel kept inline
+// How a kernel uses the intra-op pool. The interpreter's cost units are rough (how many adds an
+// erfc costs depends on the machine's vector unit), so each kernel times its first two inline
+// runs (one is not enough: the first also faults in the thread's scratch). From then on every
+// run goes to TensorFlow's ParallelFor with its cost per item in cycles, as TensorFlow's own
+// elementwise kernels do: Eigen's cost model runs it inline when it is small (~100k cycles) and
+// otherwise splits it over the pool. Deciding as TensorFlow does matters in a model: a kernel kept inline
 // while the pool's threads idle lets them fall asleep, and the next MatMul pays to wake them
 // (a 2-layer transformer at batch 1 ran ~9 % slower with kernels of up to 300 us kept inline).
 // The estimate is the fastest rate any timed range showed, the pool's shards included, so it

@@ -21,8 +21,10 @@ namespace tf_autofuse {
 namespace {
 
 constexpr OpInfo kOps[] = {
-#define TF_AUTOFUSE_OP_INFO(name, arity, dtypes, result, cost, never_negative, cpu_refusal) \
-  {OpCode::k##name, #name, arity, dtypes, ResultKind::result, cost, never_negative, cpu_refusal},
+#define TF_AUTOFUSE_OP_INFO(name, arity, dtypes, result, cost, cost_f64, never_negative, \
+                            cpu_refusal)                                                 \
+  {OpCode::k##name, #name, arity, dtypes, ResultKind::result, cost, cost_f64,             \
+   never_negative, cpu_refusal},
     TF_AUTOFUSE_OPS(TF_AUTOFUSE_OP_INFO)
 #undef TF_AUTOFUSE_OP_INFO
 };

@@ -63,8 +63,9 @@ struct OpInfo {
   int arity;            // 1, 2 or 3
   uint8_t dtypes;       // DTypeClass bits allowed for the operands (Select: its x and y)
   ResultKind result;
-  int cost;             // rough CPU cycles per fp32 element, for the thread-pool cost model;
-                        // kernel.cc also times runs, so it only needs to be right within ~2x
+  int cost;             // one element in fp32 (and 16-bit types), in cheap ops, and in f64
+  int cost_f64;         // (catalog.element_cost): the thread-pool estimate, which kernel.cc's
+                        // timing refines, so it only needs to be right within ~2x
   bool never_negative;  // a float value never below -0 (or NaN), whatever the operands
   const char* cpu_refusal;  // why the CPU kernel does not run it; null: it does
 };
