@@ -22,7 +22,8 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import op_def_registry
 
-from tf_autofuse.rewriter import catalog
+from tf_autofuse.rewriter import catalog, passes
+from tf_autofuse.rewriter import program as ir
 
 try:
     from scipy import special as _special
@@ -227,7 +228,7 @@ def program_text(decls, lines, outputs):
     text = [f"in{i}: {d}" for i, d in enumerate(decls)]
     text += [f"%{i} = {line}" for i, line in enumerate(lines)]
     text += [f"out{i} = {o}" for i, o in enumerate(outputs)]
-    return "\n".join(text)
+    return "".join(line + "\n" for line in text)
 
 
 def run_fused(ops, program, inputs, touts, name=None):
@@ -507,8 +508,9 @@ def test_runs_large_enough_to_prefetch_give_the_bits_of_small_ones(ops):
                        "exp of f16 over 2**20 elements")
 
 
-# A Relu of a value never below -0 is dropped before planning (simplify.h); these check that
-# it is dropped only where max(x, 0) is x itself.
+# The rewriter's simplify pass (rewriter/passes.py) drops a Relu of a value never below -0; these
+# check that the kernel's Relu of such a value is that value, bit for bit, so the pass changes
+# nothing the kernel gives.
 _NEVER_NEGATIVE = {  # producer -> (TensorFlow's op, float64 reference)
     "Abs": (tf.abs, np.abs),
     "Relu": (tf.nn.relu, lambda x: np.maximum(x, 0)),
@@ -524,13 +526,17 @@ _RELU_SPECIALS = [np.nan, -np.nan, -0.0, 0.0, np.inf, -np.inf, 1e-30, -1e-30, 1e
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
 @pytest.mark.parametrize("producer", sorted(_NEVER_NEGATIVE))
 def test_relu_of_a_never_negative_value_is_that_value(ops, producer, dtype):
-    """P -> Relu gives the bits of P alone (NaN payloads, zeros, infinities, subnormals, a
-    ragged tile included), and TensorFlow's relu(P(x)) within P's own tolerance."""
+    """P -> Relu, the kernel computing the Relu, gives the bits of P alone (NaN payloads, zeros,
+    infinities, subnormals, a ragged tile included), and TensorFlow's relu(P(x)) within P's own
+    tolerance; the simplify pass drops that Relu (not the one an output names)."""
     n = 3 * 4096 + 37
     v = np.random.default_rng(5).normal(0, 3, n)
     v[:len(_RELU_SPECIALS)] = _RELU_SPECIALS
     x = tf.cast(tf.constant(v), DTYPES[dtype])
     decl = [f"{dtype}[{n}]"]
+    relu_then_neg = ir.parse(program_text(decl, [f"{producer} in0", "Relu %0", "Neg %1"],
+                                          ["%2"]))
+    assert [i.op for i in passes.simplify(relu_then_neg).instructions] == [producer, "Neg"]
     (with_relu,) = run_fused(ops, program_text(decl, [f"{producer} in0", "Relu %0"], ["%1"]),
                              [x], [DTYPES[dtype]])
     (alone,) = run_fused(ops, program_text(decl, [f"{producer} in0"], ["%0"]), [x],

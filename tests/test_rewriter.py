@@ -23,7 +23,8 @@ F16, F32, F64 = types_pb2.DT_HALF, types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE
 I32, I64 = types_pb2.DT_INT32, types_pb2.DT_INT64
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 GPU0 = "/job:localhost/replica:0/task:0/device:GPU:0"
-ABS_RELU_EXP = "in0: f16[128,192]\n%0 = Abs in0\n%1 = Relu %0\n%2 = Exp %1\nout0 = %2\n"
+# the program of abs -> relu -> exp: the simplify pass drops the Relu of |x| (rewriter/passes.py)
+ABS_RELU_EXP = "in0: f16[128,192]\n%0 = Abs in0\n%1 = Exp %0\nout0 = %1\n"
 ABS_RELU_EXP_NAME = "autofuse_pointwise_0_Abs_Relu_Exp"
 
 
@@ -170,7 +171,7 @@ def test_composition_and_plain_ops_fuse_together():
     assert refusals == []
     (fusion,) = rewriter.rewrite(g, preserve=["e"]).fusions
     assert fusion.name == "autofuse_pointwise_0_Abs_Relu_Exp"
-    assert fusion.program == "in0: f32[4,3]\n%0 = Abs in0\n%1 = Relu %0\n%2 = Exp %1\nout0 = %2\n"
+    assert fusion.program == "in0: f32[4,3]\n%0 = Abs in0\n%1 = Exp %0\nout0 = %1\n"
 
 
 # --- binary ops --------------------------------------------------------------------------------
@@ -678,96 +679,6 @@ def test_device_type(device, kind):
     assert graph_mod.device_type(device) == kind
 
 
-# --- program text ------------------------------------------------------------------------------
-
-
-def _attrs_for(spec, name):
-    attrs = {"to": "f32" if name != "f32" else "f16", "alpha": "0.2", "axes": "[1]"}
-    return "".join(f" {key}={attrs[key]}" for key in sorted(spec.attrs))
-
-
-def _programs_for_every_op():
-    for spec in catalog.OPS:
-        for dtype in sorted(spec.dtypes):
-            name = ir.DTYPE_NAMES[dtype]
-            attrs = _attrs_for(spec, name)
-            imm = {"i32": "2", "bool": "true"}.get(name, "0.5")
-            if spec.kind == "reduce":
-                yield (
-                    f"in0: {name}[4,3]\n%0 = {spec.ir_name} in0{attrs}\n%1 = Sub in0, %0\n"
-                    f"%2 = {spec.ir_name} %1{attrs}\nout0 = %1\nout1 = %2 -> [4]\n"
-                )
-            elif spec.arity == 1:
-                again = f"%1 = {spec.ir_name} %0{attrs}\nout0 = %1\n" if spec.result == "same" \
-                    else "out0 = %0\n"
-                yield f"in0: {name}[4,3]\n%0 = {spec.ir_name} in0{attrs}\n{again}"
-            elif spec.arity == 2:
-                again = f"%1 = {spec.ir_name} %0, {imm}\nout0 = %1\n" if spec.result == "same" \
-                    else f"%1 = {spec.ir_name} in0, {imm}\nout0 = %0\nout1 = %1\n"
-                yield (f"in0: {name}[?,3]\nin1: {name}[?,3] -> [?,1,3]\n"
-                       f"%0 = {spec.ir_name} in0, in1\n{again}out2 = in1\n".replace(
-                           "out2", "out2" if spec.result != "same" else "out1"))
-            else:
-                yield (f"in0: bool[4,3]\nin1: {name}[4,3]\nin2: {name}[3]\n"
-                       f"%0 = {spec.ir_name} in0, in1, in2\n%1 = {spec.ir_name} false, %0, {imm}\n"
-                       f"out0 = %1\n")
-
-
-@pytest.mark.parametrize("text", list(_programs_for_every_op()))
-def test_program_round_trip(text):
-    parsed = ir.parse(text)
-    assert str(parsed) == text
-    assert ir.parse(str(parsed)) == parsed
-
-
-def test_program_structure_and_shapes():
-    text = "in0: f32[*]\nin1: bf16[]\n%0 = Mul in0, 1e-05\n%1 = Exp in1\nout0 = %0\nout1 = %1\n"
-    p = ir.parse(text)
-    assert p.inputs == (ir.InputDecl("f32", None), ir.InputDecl("bf16", ()))
-    assert p.instructions[0] == ir.Instruction("Mul", (ir.In(0), 1e-05))
-    assert p.outputs == (ir.Val(0), ir.Val(1))
-    assert p.output_dtypes() == ["f32", "bf16"]
-    built = ir.FusedProgram([ir.InputDecl("f16", (128, 192))],
-                            [ir.Instruction("Abs", (ir.In(0),)),
-                             ir.Instruction("Relu", (ir.Val(0),)),
-                             ir.Instruction("Exp", (ir.Val(1),))],
-                            [ir.Val(2)])
-    assert built.print() == ABS_RELU_EXP
-
-
-@pytest.mark.parametrize(
-    "text, line",
-    [
-        ("", 1),
-        ("in0: f16[4]\n%0 = Abs in0\nout0 = %0", 3),  # no final newline
-        ("in0: f16[4]\n\n%0 = Abs in0\nout0 = %0\n", 2),  # blank line
-        ("in0: f16[4]\n%0 = Abs in0\n%1 = Exp %2\nout0 = %1\n", 3),  # undefined value
-        ("in0: f16[4]\n%0 = Abs in0\n%2 = Exp %0\nout0 = %2\n", 3),  # numbering
-        ("in0: f16[4]\n%0 =  Abs in0\nout0 = %0\n", 2),  # spacing
-        ("in0: f16[4]\n%0 = Abs in0,in0\nout0 = %0\n", 2),
-        ("in0: f16[4]\n%0 = Foo in0\nout0 = %0\n", 2),  # unknown op
-        ("in0: f16[4]\n%0 = Add in0\nout0 = %0\n", 2),  # arity
-        ("in0: i32[4]\n%0 = Exp in0\nout0 = %0\n", 2),  # dtype
-        ("in0: f64[4]\n%0 = Mul in0, 0.50\nout0 = %0\n", 2),  # literal not as repr prints it
-        ("in0: i32[4]\n%0 = Mul in0, 0.5\nout0 = %0\n", 2),  # float immediate for i32
-        ("in0: f32[4]\nin1: f64[4]\n%0 = Add in0, in1\nout0 = %0\n", 3),  # mixed dtypes
-        ("in0: f32[4]\n%0 = Add 1.0, 2.0\nout0 = %0\n", 2),  # no value operand
-        ("in0: f32[4]\n%0 = Abs in0 axes=[1]\nout0 = %0\n", 2),  # attr not taken
-        ("in0: f8[4]\n%0 = Abs in0\nout0 = %0\n", 1),  # dtype
-        ("in0: f32[4,x]\n%0 = Abs in0\nout0 = %0\n", 1),  # dim
-        ("in1: f32[4]\n%0 = Abs in1\nout0 = %0\n", 1),  # input numbering
-        ("in0: f32[4]\n%0 = Abs in0\nout0 = %1\n", 3),  # output of an undefined value
-        ("in0: f32[4]\n%0 = Abs in0\nout1 = %0\n", 3),  # output numbering
-        ("in0: f32[4]\n%0 = Abs in0\nout0 = %0\nin1: f32[4]\n", 4),  # order
-        ("in0: f32[4]\nout0 = in0\n", 3),  # no instruction
-        ("in0: f32[4]\n%0 = Abs in0\nbogus\n", 3),
-    ],
-)
-def test_program_parse_errors_name_the_line(text, line):
-    with pytest.raises(ValueError, match=rf"^line {line}:"):
-        ir.parse(text)
-
-
 # --- catalog -----------------------------------------------------------------------------------
 
 
@@ -1228,8 +1139,8 @@ def test_squeeze_excite_halves():
     result = expanded_matches(tf_graph(excite), ["y"], {"x": _uniform(7, (2, 7, 7, 16)),
                                                         "gate": _uniform(8, (2, 1, 1, 16))})
     assert programs(result) == {"autofuse_pointwise_0_Sigmoid_Mul": (
-        "in0: f32[2,1,1,16]\nin1: f32[2,7,7,16]\n%0 = Sigmoid in0\n%1 = Mul in1, %0\n"
-        "out0 = %1\n")}
+        "in0: f32[2,1,1,16]\nin1: f32[2,7,7,16]\n%0 = Sigmoid in0 invariant\n%1 = Mul in1, %0\n"
+        "out0 = %1\n")}  # the gate's sigmoid computed once a run (passes.hoist)
 
 
 def test_residual_add_relu():
@@ -1634,24 +1545,6 @@ def test_new_patterns_are_idempotent_and_deterministic(build):
     assert serialized(rewriter.optimize(g, preserve=["y"], flags=REDUCE_ON)) == serialized(once)
 
 
-def test_program_views_parse_and_print():
-    text = ("in0: f32[?,16] -> [?,16,1,1]\nin1: bool[]\n%0 = Sum in0 axes=[1]\n"
-            "%1 = Select in1, %0, 0.5\n%2 = Cast %1 to=bf16\nout0 = %2 -> [?]\n")
-    p = ir.parse(text)
-    assert p.print() == text
-    assert p.inputs[0] == ir.InputDecl("f32", (-1, 16), (-1, 16, 1, 1))
-    assert p.output_views == ((-1,),)
-    assert p.output_dtypes() == ["bf16"]
-    with pytest.raises(ValueError, match="not increasing and consecutive"):
-        ir.parse("in0: f32[2,3,4]\n%0 = Sum in0 axes=[0,2]\nout0 = %0\n")
-    with pytest.raises(ValueError, match="same axes"):
-        ir.parse("in0: f32[2,3,4]\n%0 = Sum in0 axes=[1]\n%1 = Max in0 axes=[2]\nout0 = %1\n")
-    with pytest.raises(ValueError, match="at most one"):
-        ir.parse("in0: f32[?,?]\n%0 = Abs in0\nout0 = %0 -> [?,?]\n")
-    with pytest.raises(ValueError, match="full value"):
-        ir.parse("in0: f32[2,3]\n%0 = Sum in0 axes=[1]\n%1 = Sum %0 axes=[1]\nout0 = %1\n")
-
-
 def test_a_fed_or_control_dependent_scalar_const_is_an_input():
     g = graph(placeholder("x", F32, (4, 3)), const("c", np.float32(2.0)),
               node("m", "Mul", ["x", "c"]), node("e", "Exp", ["m"]))
@@ -1677,16 +1570,6 @@ def test_debug_dump_lists_refusals_with_reasons(tmp_path):
     assert "Max: the reduce pass is off (--autofuse_enable_pass=reduce turns it on)\n" in text
     (fusions,) = tmp_path.glob("graph_*_fusions.txt")
     assert "autofuse_pointwise_0_Sub_Exp  (pointwise)" in fusions.read_text()
-
-
-def test_program_reduced_inputs_align_right():
-    # in1 [5] reads as [1,1,5]: 1 along axis 1, so %1 is reduced and may not be reduced again
-    text = ("in0: f32[2,3,5]\nin1: f32[5]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\n"
-            "%2 = Sum %1 axes=[1]\nout0 = %2\n")
-    with pytest.raises(ValueError, match="full value"):
-        ir.parse(text)
-    ok = text.replace("in1: f32[5]", "in1: f32[3,5]")
-    assert ir.parse(ok).print() == ok
 
 
 def test_symbolic_sizes_the_graph_knows_are_resolved_everywhere():

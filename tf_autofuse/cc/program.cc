@@ -21,10 +21,8 @@ namespace tf_autofuse {
 namespace {
 
 constexpr OpInfo kOps[] = {
-#define TF_AUTOFUSE_OP_INFO(name, arity, dtypes, result, cost, cost_f64, never_negative, \
-                            cpu_refusal)                                                 \
-  {OpCode::k##name, #name, arity, dtypes, ResultKind::result, cost, cost_f64,             \
-   never_negative, cpu_refusal},
+#define TF_AUTOFUSE_OP_INFO(name, arity, dtypes, result, cost, cost_f64, cpu_refusal) \
+  {OpCode::k##name, #name, arity, dtypes, ResultKind::result, cost, cost_f64, cpu_refusal},
     TF_AUTOFUSE_OPS(TF_AUTOFUSE_OP_INFO)
 #undef TF_AUTOFUSE_OP_INFO
 };
@@ -152,6 +150,7 @@ class Parser {
     if (program_->outputs.empty()) return Error("the program has no output");
     absl::Status status = CheckViewsBroadcast();
     if (status.ok()) status = Classify();
+    if (status.ok()) status = CheckInvariants();
     return status;
   }
 
@@ -301,6 +300,7 @@ class Parser {
       return Error(absl::StrCat(info.name, " has no CPU kernel: ", info.cpu_refusal));
     }
     rest.remove_prefix(space + 1);
+    if (absl::ConsumeSuffix(&rest, " invariant")) inst.invariant = true;
 
     // Operands, separated by ", "; then attributes, separated by " ".
     std::vector<absl::string_view> operand_tokens;
@@ -618,6 +618,50 @@ class Parser {
         }
       }
       p.num_levels = std::max(p.num_levels, inst.level);
+    }
+    return absl::OkStatus();
+  }
+
+  // The rules of invariant instructions (PROGRAM.md, Invariants), which make computing them once
+  // a run, over the one shape S their inputs are read as, give the same bits.
+  absl::Status CheckInvariants() {
+    const Program& p = *program_;
+    const ShapeDecl* small = nullptr;  // S
+    for (const Instruction& inst : p.instructions) {
+      if (!inst.invariant) continue;
+      SetLine(inst.line);
+      if (!p.axes.empty()) return Error("a program with reductions has no invariant instruction");
+      if (inst.dtype == DType::kF16 || inst.dtype == DType::kBF16) {
+        return Error("an invariant value is not 16-bit (computed apart, it would be rounded "
+                     "where the program keeps fp32)");
+      }
+      for (int o = 0; o < inst.num_operands; ++o) {
+        const Operand& x = inst.operands[o];
+        if (x.kind == Operand::Kind::kValue && !p.instructions[x.index].invariant) {
+          return Error(absl::StrCat("an invariant instruction reads %", x.index,
+                                    ", which is not"));
+        }
+        if (x.kind != Operand::Kind::kInput) continue;
+        const InputDecl& decl = p.inputs[x.index];
+        if (KnownElements(decl.shape) < 0 || KnownElements(decl.read_shape()) < 0) {
+          return Error(absl::StrCat("an invariant instruction reads in", x.index,
+                                    ", whose shape is not fully known"));
+        }
+        if (small == nullptr) {
+          small = &decl.read_shape();
+        } else if (decl.read_shape().dims != small->dims) {
+          return Error(absl::StrCat("an invariant instruction reads in", x.index, " as ",
+                                    ShapeString(decl.read_shape()), ", others read inputs as ",
+                                    ShapeString(*small)));
+        }
+      }
+    }
+    for (const Output& output : p.outputs) {
+      if (output.operand.kind == Operand::Kind::kValue &&
+          p.instructions[output.operand.index].invariant) {
+        SetLine(output.line);
+        return Error("an output names no invariant value");
+      }
     }
     return absl::OkStatus();
   }

@@ -3,8 +3,8 @@
 Each entry says what the partitioner needs (TF op types, kind, arity, dtypes), what the
 program text calls it (`ir_name`, see docs/PROGRAM.md), a numpy reference used as the golden
 result in tests (float64 capable), its cost on a CPU core, and algebraic facts the passes use
-(transcendental, never negative). The partitioner, the cost models and the program printer read
-this table; the C++ kernel's OpCode enum and op table are generated from it when the library is
+(transcendental, never negative). The partitioner, the cost models, the IR passes and the
+program printer read this table; the C++ kernel's OpCode enum and op table are generated from it when the library is
 built (catalog_cc.py), and the Ascend generator's op map (codegen/opmap.py) is checked against it.
 
 Adding an op: a row here, its kernel body in the CPU interpreter (cc/cpu/ops.h and its entry in
@@ -64,7 +64,7 @@ class OpSpec:
     # computes with the C library's scalar function (element_cost).
     transcendental: bool = False
     # Its float value is never below -0 (or is NaN), whatever the operands: a Relu of it is the
-    # value itself (the C++ simplifier drops such a Relu).
+    # value itself (the simplify pass, passes.py, drops such a Relu).
     never_negative: bool = False
     # Why the CPU kernel does not run it (the partitioner refuses it with this reason); None: the
     # interpreter has a kernel for it, which the build checks.

@@ -2,8 +2,8 @@
 
 `_build.py` writes `header_text()` as `op_table.inc` next to the objects it compiles (and keys
 its cache on it). program.h builds the OpCode enum from it, program.cc the OpInfo table (name,
-arity, dtypes, result, costs, facts), and the CPU interpreter checks at compile time that every
-op has a kernel for each dtype the table allows, or a stated refusal (cc/cpu/kernels.h).
+arity, dtypes, result, costs, CPU refusal), and the CPU interpreter checks at compile time that
+every op has a kernel for each dtype the table allows, or a stated refusal (cc/cpu/kernels.h).
 """
 
 from __future__ import annotations
@@ -72,16 +72,16 @@ def header_text(ops=None) -> str:
         "// kernel library is built. Change the catalog, not this file.",
         "//",
         "// TF_AUTOFUSE_OPS(X) calls X(Name, arity, dtype classes, result kind, cost, f64 cost,",
-        "// never_negative, cpu_refusal) once per op, in the catalog's order (the reductions last):",
-        "// the costs are catalog.element_cost's for fp32 (and 16-bit) and for f64.",
+        "// cpu_refusal) once per op, in the catalog's order (the reductions last): the costs are",
+        "// catalog.element_cost's for fp32 (and 16-bit) and for f64.",
         "",
         "#define TF_AUTOFUSE_OPS(X) \\",
     ]
     for spec in ops:
         lines.append(
             f"  X({spec.ir_name}, {spec.arity}, {_dtype_classes(spec)}, {_RESULTS[spec.result]}, "
-            f"{_cost(spec, catalog.types_pb2.DT_FLOAT)}, {_cost(spec, catalog.types_pb2.DT_DOUBLE)}, "
-            f"{'true' if spec.never_negative else 'false'}, "
+            f"{_cost(spec, catalog.types_pb2.DT_FLOAT)}, "
+            f"{_cost(spec, catalog.types_pb2.DT_DOUBLE)}, "
             f"{_c_string(spec.cpu_refusal)}) \\")
     lines += ["", f"#define TF_AUTOFUSE_FIRST_REDUCTION k{first_reduction}", ""]
     return "\n".join(lines)

@@ -75,11 +75,17 @@ class Instruction:
     op: str
     operands: tuple  # of Operand
     attrs: tuple = ()  # of (key, value text): axes=[1,2], to=f32, alpha=0.2
+    # computed once a run over the small shape its inputs are read as, not once an element of
+    # the iteration shape (docs/PROGRAM.md, Invariants; passes.hoist decides)
+    invariant: bool = False
 
     def text(self, index: int) -> str:
         operands = ", ".join(_operand_text(o) for o in self.operands)
         attrs = "".join(f" {key}={value}" for key, value in self.attrs)
-        return f"%{index} = {self.op} {operands}{attrs}"
+        return f"%{index} = {self.op} {operands}{attrs}{INVARIANT_MARK if self.invariant else ''}"
+
+
+INVARIANT_MARK = " invariant"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +133,22 @@ class FusedProgram:
         return list(self._value_dtypes)
 
     def output_dtypes(self) -> list[str]:
-        values = self.value_dtypes()
-        return [self.inputs[r.index].dtype if r.kind == "in" else values[r.index] for r in self.outputs]
+        return [self.ref_dtype(r) for r in self.outputs]
+
+    def ref_dtype(self, ref: Ref) -> str:
+        """The dtype of an input or a value."""
+        return self.inputs[ref.index].dtype if ref.kind == "in" else self._value_dtypes[ref.index]
+
+    def operand_dtype(self, index: int) -> str:
+        """The dtype instruction `index` computes in: that of its data operands (Select: x and
+        y; its last Ref always is one, immediates taking the dtype of the values)."""
+        refs = [o for o in self.instructions[index].operands if isinstance(o, Ref)]
+        return self.ref_dtype(refs[-1])
+
+    def read_shape(self, index: int) -> Optional[tuple]:
+        """The shape input `index` is read as: its view, else its tensor shape."""
+        decl = self.inputs[index]
+        return decl.view if decl.view is not None else decl.shape
 
     @staticmethod
     def parse(text: str) -> "FusedProgram":
@@ -252,15 +272,53 @@ def _check(program: FusedProgram) -> list[str]:
         result, is_reduced = outcome
         value_dtypes.append(result)
         reduced.append(is_reduced)
+    _check_invariants(program, value_dtypes, axes_seen is not None, fail)
     for i, ref in enumerate(program.outputs):
         line = n_in + n_inst + i
         if not isinstance(ref, Ref):
             fail(line, "an output names a value")
         _ref_dtype(ref, program, value_dtypes, lambda r: fail(line, r))
+        if ref.kind == "%" and program.instructions[ref.index].invariant:
+            fail(line, "an output names no invariant value")
         _check_view(program.output_views[i], "output view", lambda r, l=line: fail(l, r))
         if program.output_views[i] is not None and None in (program.output_views[i],):
             fail(line, "bad output view")
     return value_dtypes
+
+
+def fully_known(shape: Optional[tuple]) -> bool:
+    return shape is not None and all(d >= 0 for d in shape)
+
+
+def _check_invariants(program: FusedProgram, value_dtypes: list, reducing: bool, fail) -> None:
+    """The rules of invariant instructions (docs/PROGRAM.md, Invariants): what makes computing
+    them once a run, over the one shape S their inputs are read as, give the same bits."""
+    n_in = len(program.inputs)
+    small = None  # S
+    for i, inst in enumerate(program.instructions):
+        if not inst.invariant:
+            continue
+        if reducing:
+            fail(n_in + i, "a program with reductions has no invariant instruction")
+        if value_dtypes[i] in ("f16", "bf16"):
+            fail(n_in + i, "an invariant value is not 16-bit (computed apart, it would be "
+                           "rounded where the program keeps fp32)")
+        for operand in inst.operands:
+            if not isinstance(operand, Ref):
+                continue
+            if operand.kind == "%":
+                if not program.instructions[operand.index].invariant:
+                    fail(n_in + i, f"an invariant instruction reads {operand}, which is not")
+                continue
+            read = program.read_shape(operand.index)
+            if not fully_known(program.inputs[operand.index].shape) or not fully_known(read):
+                fail(n_in + i, f"an invariant instruction reads {operand}, whose shape is not "
+                               "fully known")
+            if small is None:
+                small = read
+            elif read != small:
+                fail(n_in + i, f"an invariant instruction reads {operand} as {shape_text(read)}, "
+                               f"others read inputs as {shape_text(small)}")
 
 
 # operand descriptions of _check (else: an immediate)
@@ -495,12 +553,13 @@ def _parse_instruction(line: str, fail):
             break
         if position == len(tokens):
             fail("an operand is missing after ','")
-    for token in tokens[position:]:
+    invariant = tokens[-1] == INVARIANT_MARK.strip() and position < len(tokens)
+    for token in tokens[position:len(tokens) - invariant]:
         key, sep, value = token.partition("=")
         if not sep:
             fail(f"expected an attr KEY=VALUE, got {token!r}")
         attrs.append((key, value))
-    return index, Instruction(op, tuple(operands), tuple(attrs))
+    return index, Instruction(op, tuple(operands), tuple(attrs), invariant)
 
 
 def _parse_operand(token: str, fail) -> Operand:

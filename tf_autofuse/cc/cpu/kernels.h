@@ -114,7 +114,7 @@ constexpr bool CpuKernelsCover(OpCode op, int dtypes, bool refused) {
 }
 
 #define TF_AUTOFUSE_CHECK_CPU_KERNEL(name, arity, dtypes, result, cost, cost_f64,            \
-                                     never_negative, cpu_refusal)                           \
+                                     cpu_refusal)                                           \
   static_assert(CpuKernelsCover(OpCode::k##name, dtypes, (cpu_refusal) != nullptr),         \
                 "the CPU interpreter has no kernel for op " #name " for every dtype the op " \
                 "table allows (add its body in cc/cpu/ops.h and its line in CpuKernelsOf, "  \
