@@ -399,45 +399,6 @@ def test_shape_function_broadcasts(ops):
                       name="bad_node")
 
 
-def test_malformed_views_and_attrs_name_the_line(ops):
-    x = tf.zeros([2, 3])
-    bad = {
-        "in0: f32[2,3] -> [?,?]\n%0 = Abs in0\nout0 = %0": ("line 1", "at most one ?"),
-        "in0: f32[2,3] -> [*]\n%0 = Abs in0\nout0 = %0": ("line 1", "known rank"),
-        "in0: f32[2,3] -> [7]\n%0 = Abs in0\nout0 = %0": ("line 1", "has 7 elements"),
-        "in0: f32[2,3]\n%0 = Sum in0 axes=[0,2]\nout0 = %0": ("line 2", "consecutive"),
-        "in0: f32[2,3]\n%0 = Sum in0 axes=[1,0]\nout0 = %0": ("line 2", "consecutive"),
-        "in0: f32[2,3]\n%0 = Sum in0 axes=[-1]\nout0 = %0": ("line 2", "bad axis"),
-        "in0: f32[2,3]\n%0 = Sum in0 axes=[2]\nout0 = %0": ("line 2", "out of range"),
-        "in0: f32[2,3]\n%0 = Sum in0\nout0 = %0": ("line 2", "needs the attribute axes="),
-        "in0: f32[2,3]\n%0 = Sum in0 axes=[0]\n%1 = Max in0 axes=[1]\nout0 = %1":
-            ("line 3", "differ from the axes [0]"),
-        "in0: f32[2,3]\n%0 = Sum in0 axes=[2]\n%1 = Max %0 axes=[2]\nout0 = %1":
-            ("line 2", "out of range"),
-        "in0: f32[2,3]\n%0 = Sum 1.0 axes=[1]\nout0 = %0": ("line 2", "not an immediate"),
-        "in0: f32[2,3]\n%0 = Cast in0 to=i32\nout0 = %0": ("line 2", "bad to='i32'"),
-        "in0: f32[2,3]\n%0 = Cast in0\nout0 = %0": ("line 2", "needs the attribute to="),
-        "in0: f32[2,3]\n%0 = LeakyRelu in0 alpha=x\nout0 = %0": ("line 2", "bad alpha"),
-        "in0: f32[2,3]\n%0 = LeakyRelu in0 to=f32\nout0 = %0": ("line 2", "alpha="),
-        "in0: f32[2,3]\n%0 = Select in0, in0, in0\nout0 = %0": ("line 2", "must be bool"),
-        "in0: f32[2,3]\n%0 = LogicalNot in0\nout0 = %0": ("line 2", "does not allow dtype f32"),
-        "in0: f32[2,3]\n%0 = Add in0, true\nout0 = %0": ("line 2", "is not a f32"),
-        "in0: f32[2,3]\n%0 = Greater in0, 1.0\n%1 = LogicalAnd %0, 1\nout0 = %1":
-            ("line 3", "is not a bool"),
-        "in0: f32[2,3]\n%0 = Abs in0\nout0 = %0 -> [?,?]": ("line 3", "at most one ?"),
-        "in0: f32[2,3]\nin1: f32[4]\n%0 = Add in0, in1\nout0 = %0": ("", "do not broadcast"),
-        "in0: f32[*]\n%0 = Sum in0 axes=[0]\nout0 = %0": ("line 1", "known rank"),
-    }
-    for program, (line, message) in bad.items():
-        inputs = [x, tf.zeros([4])] if "in1" in program else [x]
-        with pytest.raises(tf.errors.InvalidArgumentError) as err:
-            run_fused(ops, program, inputs, [tf.float32])
-        text = str(err.value)
-        assert message in text, (program, text)
-        assert f"program {line}" in text if line else True, (program, text)
-        assert "AutofuseKernel '" in text, text
-
-
 # ---------------------------------------------------------------------------------------------
 # Reductions
 
@@ -603,7 +564,11 @@ def test_softmax_over_axis_0(ops, dtype, shape):
 
 
 def _layer_norm_program(dtype, c):
-    return (f"in0: {dtype}[?,{c}]\nin1: {dtype}[{c}]\nin2: {dtype}[{c}]\n"
+    # x declared [?,1] is read as a reduced value (1 along the reduced axis), and so is x - mean,
+    # whose Mean the grammar refuses (a reduction reads no reduced value, PROGRAM.md): a single
+    # channel is declared unknown
+    x = f"{dtype}[?,{c if c > 1 else '?'}]"
+    return (f"in0: {x}\nin1: {dtype}[{c}]\nin2: {dtype}[{c}]\n"
             "%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Square %1\n%3 = Mean %2 axes=[1]\n"
             "%4 = Add %3, 1e-05\n%5 = Rsqrt %4\n%6 = Mul %1, %5\n%7 = Mul %6, in1\n"
             "%8 = Add %7, in2\nout0 = %8\nout1 = %0\nout2 = %3 -> [?]")
@@ -730,19 +695,6 @@ def test_forwarding_with_broadcast_inputs(ops, n):
     b = tf.constant(rng.normal(size=(1000,)).astype(np.float32))
     (got,) = fused_fn(x, b, tf.constant(1.0))
     np.testing.assert_array_equal(got.numpy(), ((x + b) * x).numpy())
-
-
-def test_reduction_of_reduced_values(ops):
-    """Reducing a value that is 1 along the reduced axes: R copies of it."""
-    x = tf.constant(np.random.default_rng(2).normal(size=(4, 5)).astype(np.float32))
-    program = ("in0: f32[4,5]\n%0 = Max in0 axes=[1]\n%1 = Sum %0 axes=[1]\n%2 = Mean %0 axes=[1]\n"
-               "%3 = Prod %0 axes=[1]\nout0 = %1\nout1 = %2\nout2 = %3")
-    s, m, p = run_fused(ops, program, [x], [tf.float32] * 3)
-    mx = tf.reduce_max(x, 1, keepdims=True)
-    np.testing.assert_allclose(s.numpy(), tf.reduce_sum(tf.broadcast_to(mx, [4, 5]), 1,
-                                                        keepdims=True).numpy(), rtol=1e-6)
-    np.testing.assert_array_equal(m.numpy(), mx.numpy())
-    np.testing.assert_allclose(p.numpy(), mx.numpy() ** 5, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from tf_autofuse.codegen.ascendc import generate
 from tf_autofuse.rewriter import catalog, passes
 from tf_autofuse.rewriter import program as ir
 
+from test_kernel import ops, run_fused  # noqa: F401 - ops is a fixture
+
 tf1 = tf.compat.v1
 
 
@@ -80,38 +82,127 @@ def test_program_structure_and_shapes():
                              "out0 = %2\n")
 
 
-@pytest.mark.parametrize(
-    "text, line",
-    [
-        ("", 1),
-        ("in0: f16[4]\n%0 = Abs in0\nout0 = %0", 3),  # no final newline
-        ("in0: f16[4]\n\n%0 = Abs in0\nout0 = %0\n", 2),  # blank line
-        ("in0: f16[4]\n%0 = Abs in0\n%1 = Exp %2\nout0 = %1\n", 3),  # undefined value
-        ("in0: f16[4]\n%0 = Abs in0\n%2 = Exp %0\nout0 = %2\n", 3),  # numbering
-        ("in0: f16[4]\n%0 =  Abs in0\nout0 = %0\n", 2),  # spacing
-        ("in0: f16[4]\n%0 = Abs in0,in0\nout0 = %0\n", 2),
-        ("in0: f16[4]\n%0 = Foo in0\nout0 = %0\n", 2),  # unknown op
-        ("in0: f16[4]\n%0 = Add in0\nout0 = %0\n", 2),  # arity
-        ("in0: i32[4]\n%0 = Exp in0\nout0 = %0\n", 2),  # dtype
-        ("in0: f64[4]\n%0 = Mul in0, 0.50\nout0 = %0\n", 2),  # literal not as repr prints it
-        ("in0: i32[4]\n%0 = Mul in0, 0.5\nout0 = %0\n", 2),  # float immediate for i32
-        ("in0: f32[4]\nin1: f64[4]\n%0 = Add in0, in1\nout0 = %0\n", 3),  # mixed dtypes
-        ("in0: f32[4]\n%0 = Add 1.0, 2.0\nout0 = %0\n", 2),  # no value operand
-        ("in0: f32[4]\n%0 = Abs in0 axes=[1]\nout0 = %0\n", 2),  # attr not taken
-        ("in0: f8[4]\n%0 = Abs in0\nout0 = %0\n", 1),  # dtype
-        ("in0: f32[4,x]\n%0 = Abs in0\nout0 = %0\n", 1),  # dim
-        ("in1: f32[4]\n%0 = Abs in1\nout0 = %0\n", 1),  # input numbering
-        ("in0: f32[4]\n%0 = Abs in0\nout0 = %1\n", 3),  # output of an undefined value
-        ("in0: f32[4]\n%0 = Abs in0\nout1 = %0\n", 3),  # output numbering
-        ("in0: f32[4]\n%0 = Abs in0\nout0 = %0\nin1: f32[4]\n", 4),  # order
-        ("in0: f32[4]\nout0 = in0\n", 3),  # no instruction
-        ("in0: f32[4]\n%0 = Abs in0\nbogus\n", 3),
-    ],
-)
-def test_program_parse_errors_name_the_line(text, line):
-    with pytest.raises(ValueError, match=rf"^line {line}:"):
-        ir.parse(text)
+# (program, the line both parsers name, 0 for the program as a whole; what the kernel says)
+FAULTY = [
+    ("in0: f16[4]\n\n%0 = Abs in0\nout0 = %0\n", 2, "blank line"),
+    ("in0: f16[4]\n%0 = Abs in0\n%1 = Exp %2\nout0 = %1\n", 3, "not defined above"),
+    ("in0: f16[4]\n%0 = Abs in0\n%2 = Exp %0\nout0 = %2\n", 3, "expected %1"),
+    ("in0: f16[4]\n%0 = Abs in0,in0\nout0 = %0\n", 2, "separated by ', '"),
+    ("in0: f16[4]\n%0 = Foo in0\nout0 = %0\n", 2, "unknown op 'Foo'"),
+    ("in0: f16[4]\n%0 = Add in0\nout0 = %0\n", 2, "takes 2 operands"),
+    ("in0: i32[4]\n%0 = Exp in0\nout0 = %0\n", 2, "does not allow dtype i32"),
+    ("in0: i32[4]\n%0 = Mul in0, 0.5\nout0 = %0\n", 2, "is not an i32"),
+    ("in0: i32[4]\n%0 = Mul in0, 2.0\nout0 = %0\n", 2, "is not an i32"),
+    ("in0: i32[4]\n%0 = Mul in0, 3000000000\nout0 = %0\n", 2, "is not an i32"),
+    ("in0: f32[4]\n%0 = Mul in0, inf\nout0 = %0\n", 2, "bad operand 'inf'"),
+    ("in0: f32[4]\nin1: f64[4]\n%0 = Add in0, in1\nout0 = %0\n", 3, "mixes dtypes"),
+    ("in0: f32[4]\n%0 = Add 1.0, 2.0\nout0 = %0\n", 2, "not an immediate"),
+    ("in0: f32[4]\n%0 = Abs in0 axes=[1]\nout0 = %0\n", 2, "takes no attribute"),
+    ("in0: f8[4]\n%0 = Abs in0\nout0 = %0\n", 1, "unknown dtype 'f8'"),
+    ("in0: f32[4,x]\n%0 = Abs in0\nout0 = %0\n", 1, "bad dimension 'x'"),
+    ("in1: f32[4]\n%0 = Abs in1\nout0 = %0\n", 1, "expected in0"),
+    ("in0: f32[4]\n%0 = Abs in0\nout0 = %1\n", 3, "not defined above"),
+    ("in0: f32[4]\n%0 = Abs in0\nout1 = %0\n", 3, "expected out0"),
+    ("in0: f32[4]\n%0 = Abs in0\nout0 = %0\nin1: f32[4]\n", 4, "must come before"),
+    ("in0: f32[4]\nout0 = in0\n", 2, "output before any instruction"),
+    ("%0 = Abs in0\nout0 = %0\n", 1, "instruction before any input"),
+    ("in0: f32[4]\n%0 = Abs in0\n", 2, "has no output"),
+    ("in0: f32[4]\n%0 = Abs in0\nbogus\n", 3, "expected an input declaration"),
+    # views
+    ("in0: f32[2,3] -> [?,?]\n%0 = Abs in0\nout0 = %0\n", 1, "at most one ?"),
+    ("in0: f32[2,3] -> [*]\n%0 = Abs in0\nout0 = %0\n", 1, "known rank"),
+    ("in0: f32[2,3] -> [7]\n%0 = Abs in0\nout0 = %0\n", 1, "has 7 elements"),
+    ("in0: f32[2,3]\n%0 = Abs in0\nout0 = %0 -> [?,?]\n", 3, "at most one ?"),
+    ("in0: f32[2,3]\nin1: f32[4]\n%0 = Add in0, in1\nout0 = %0\n", 0, "do not broadcast"),
+    # reductions
+    ("in0: f32[2,3]\n%0 = Sum in0 axes=[0,2]\nout0 = %0\n", 2, "consecutive"),
+    ("in0: f32[2,3]\n%0 = Sum in0 axes=[1,0]\nout0 = %0\n", 2, "consecutive"),
+    ("in0: f32[2,3]\n%0 = Sum in0 axes=[-1]\nout0 = %0\n", 2, "bad axis"),
+    ("in0: f32[2,3]\n%0 = Sum in0 axes=[2]\nout0 = %0\n", 2, "out of range"),
+    ("in0: f32[2,3]\n%0 = Sum in0\nout0 = %0\n", 2, "needs the attribute axes="),
+    ("in0: f32[2,3]\n%0 = Sum in0 axes=[0]\n%1 = Max in0 axes=[1]\nout0 = %1\n", 3,
+     "differ from the axes [0]"),
+    ("in0: f32[2,3]\n%0 = Sum in0 axes=[2]\n%1 = Max %0 axes=[2]\nout0 = %1\n", 2,
+     "out of range"),
+    ("in0: f32[2,3]\n%0 = Sum 1.0 axes=[1]\nout0 = %0\n", 2, "not an immediate"),
+    ("in0: f32[*]\n%0 = Sum in0 axes=[0]\nout0 = %0\n", 1, "known rank"),
+    ("in0: f32[4,5]\n%0 = Max in0 axes=[1]\n%1 = Sum %0 axes=[1]\nout0 = %1\n", 3,
+     "a full value, not the reduced %0"),
+    # in1 [5] reads as [1,1,5]: 1 along axis 1, so %1 is reduced and may not be reduced again
+    ("in0: f32[2,3,5]\nin1: f32[5]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\n"
+     "%2 = Sum %1 axes=[1]\nout0 = %2\n", 5, "a full value, not the reduced %1"),
+    # attributes
+    ("in0: f32[2,3]\n%0 = Cast in0 to=i32\nout0 = %0\n", 2, "bad to='i32'"),
+    ("in0: f32[2,3]\n%0 = Cast in0\nout0 = %0\n", 2, "needs the attribute to="),
+    ("in0: f32[2,3]\n%0 = LeakyRelu in0 alpha=x\nout0 = %0\n", 2, "bad alpha"),
+    ("in0: f32[2,3]\n%0 = LeakyRelu in0 alpha=inf\nout0 = %0\n", 2, "bad alpha"),
+    ("in0: f32[2,3]\n%0 = LeakyRelu in0 to=f32\nout0 = %0\n", 2, "alpha="),
+    ("in0: f32[2,3]\n%0 = LeakyRelu in0\nout0 = %0\n", 2, "needs the attribute alpha="),
+    # dtypes of operands
+    ("in0: f32[2,3]\n%0 = Select in0, in0, in0\nout0 = %0\n", 2, "must be bool"),
+    ("in0: f32[2,3]\n%0 = LogicalNot in0\nout0 = %0\n", 2, "does not allow dtype f32"),
+    ("in0: f32[2,3]\n%0 = Add in0, true\nout0 = %0\n", 2, "is not a f32"),
+    ("in0: f32[2,3]\n%0 = Greater in0, 1.0\n%1 = LogicalAnd %0, 1\nout0 = %1\n", 3,
+     "is not a bool"),
+    # invariants (PROGRAM.md): each rule broken once
+    ("in0: f32[4,3]\nin1: f32[?]\n%0 = Abs in1 invariant\n%1 = Add in0, %0\nout0 = %1\n", 3,
+     "not fully known"),
+    ("in0: f32[4,3]\nin1: f32[3]\n%0 = Abs in1 invariant\nout0 = %0\n", 4,
+     "no invariant value"),
+    ("in0: f16[4,3]\nin1: f16[3]\n%0 = Abs in1 invariant\n%1 = Add in0, %0\nout0 = %1\n", 3,
+     "not 16-bit"),
+    ("in0: f32[4,3]\nin1: f32[3]\n%0 = Abs in1\n%1 = Exp %0 invariant\n%2 = Add in0, %1\n"
+     "out0 = %2\n", 4, "reads %0, which is not"),
+    ("in0: f32[4,3]\nin1: f32[3]\nin2: f32[4,1]\n%0 = Exp in1 invariant\n"
+     "%1 = Add %0, in2 invariant\n%2 = Add in0, %1\nout0 = %2\n", 5, "others read inputs as [3]"),
+    ("in0: f32[4,3]\nin1: f32[3]\n%0 = Exp in1 invariant\n%1 = Add in0, %0\n"
+     "%2 = Sum %1 axes=[1]\nout0 = %2\n", 3, "reductions has no invariant"),
+]
 
+
+def _kernel_inputs(text: str) -> list:
+    """Tensors for the inputs a program declares (a parse error comes before any check of
+    them); f32 where the declaration is not a dtype."""
+    dtypes = {"f16": tf.float16, "f32": tf.float32, "f64": tf.float64, "i32": tf.int32}
+    inputs = []
+    for line in text.splitlines():
+        if line.startswith("in") and ": " in line:
+            inputs.append(tf.zeros([2, 3], dtypes.get(line.split(": ")[1][:3].rstrip("["),
+                                                      tf.float32)))
+    return inputs or [tf.zeros([2, 3])]
+
+
+@pytest.mark.parametrize("text, line, message", FAULTY)
+def test_both_parsers_refuse_a_faulty_program_naming_its_line(ops, text, line, message):
+    """The rewriter's parser (and through it the Ascend generator) refuses what the CPU
+    kernel's refuses, and both name the same line."""
+    with pytest.raises(ValueError) as python:
+        ir.parse(text)
+    with pytest.raises(tf.errors.InvalidArgumentError) as kernel:
+        run_fused(ops, text, _kernel_inputs(text), [tf.float32])
+    said = str(kernel.value)
+    assert message in said and "AutofuseKernel '" in said, said
+    if line:
+        assert str(python.value).startswith(f"line {line}:"), str(python.value)
+        assert f"program line {line} " in said, said
+    else:
+        assert message in str(python.value) and "program line" not in said
+
+
+@pytest.mark.parametrize("text", [
+    "in0: f32[4]\n%0 = Abs in0\nout0 = %0",  # no final newline
+    "in0: f64[4]\n%0 = Mul in0, 0.50\nout0 = %0\n",  # not as repr prints it
+    "in0: f32[4]\n%0 = Mul in0, 1e-5\nout0 = %0\n",
+    "in0: f32[2,3]\n%0 = Sum in0 axes=[0, 1]\nout0 = %0\n",
+])
+def test_only_the_rewriters_parser_holds_to_the_printed_spelling(ops, text):
+    """print(parse(text)) == text: the rewriter's parser refuses another spelling of a valid
+    program, which the kernel reads."""
+    with pytest.raises(ValueError):
+        ir.parse(text)
+    run_fused(ops, text, [tf.ones([4] if "[4]" in text else [2, 3],
+                                  tf.float64 if "f64" in text else tf.float32)],
+              [tf.float64 if "f64" in text else tf.float32])
 
 
 def test_program_views_parse_and_print():
@@ -128,18 +219,16 @@ def test_program_views_parse_and_print():
         ir.parse("in0: f32[2,3,4]\n%0 = Sum in0 axes=[1]\n%1 = Max in0 axes=[2]\nout0 = %1\n")
     with pytest.raises(ValueError, match="at most one"):
         ir.parse("in0: f32[?,?]\n%0 = Abs in0\nout0 = %0 -> [?,?]\n")
-    with pytest.raises(ValueError, match="full value"):
-        ir.parse("in0: f32[2,3]\n%0 = Sum in0 axes=[1]\n%1 = Sum %0 axes=[1]\nout0 = %1\n")
 
 
 def test_program_reduced_inputs_align_right():
-    # in1 [5] reads as [1,1,5]: 1 along axis 1, so %1 is reduced and may not be reduced again
-    text = ("in0: f32[2,3,5]\nin1: f32[5]\n%0 = Sum in0 axes=[1]\n%1 = Mul %0, in1\n"
+    # in1 [3,5] reads as [1,3,5]: not 1 along axis 1, so %1 is a full value, reduced again
+    text = ("in0: f32[2,3,5]\nin1: f32[3,5]\n%0 = Sum in0 axes=[1]\n%1 = Mul in0, in1\n"
             "%2 = Sum %1 axes=[1]\nout0 = %2\n")
-    with pytest.raises(ValueError, match="full value"):
-        ir.parse(text)
-    ok = text.replace("in1: f32[5]", "in1: f32[3,5]")
-    assert ir.parse(ok).print() == ok
+    program = ir.parse(text)
+    assert program.print() == text
+    assert not program.is_reduced(ir.In(1)) and program.is_reduced(ir.Val(2))
+    assert ir.parse(text.replace("in1: f32[3,5]", "in1: f32[5]")).is_reduced(ir.In(1))
 
 
 # --- the IR passes -----------------------------------------------------------------------------

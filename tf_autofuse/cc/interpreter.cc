@@ -221,7 +221,7 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
         const char* src[3] = {address(step.src[0]),
                               step.num_src > 1 ? address(step.src[1]) : nullptr,
                               step.num_src > 2 ? address(step.src[2]) : nullptr};
-        RunCompute(step, src, address(step.dst), count, scalar_reduced, frame.run.reduce);
+        RunCompute(step, src, address(step.dst), count, scalar_reduced);
         break;
       }
       case Step::Kind::kConvertStore:

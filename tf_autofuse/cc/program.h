@@ -83,6 +83,7 @@ struct Operand {
   int index = 0;         // K of inK / %K
   double immediate = 0;  // the literal, exactly as parsed (kImmediate); true/false are 1/0
   bool is_bool = false;  // the literal was `true` or `false`
+  bool is_integer = false;  // the literal was written as an integer (digits, an optional '-')
 };
 
 // "[128,?]" as parsed: -1 for "?"; unknown_rank for "[*]".
@@ -109,14 +110,10 @@ struct Instruction {
   DType operand_dtype = DType::kF32;  // of its non-immediate operands (Select: of x and y)
   int num_operands = 0;
   std::array<Operand, 3> operands;
-  double alpha = 0.2;                 // LeakyRelu
+  double alpha = 0;                   // LeakyRelu
   DType to = DType::kF32;             // Cast
   std::vector<int> axes;              // reductions
   bool reduced = false;               // a reduced value (see Reductions in PROGRAM.md)
-  // A reduction of a reduced value: its operand is 1 along the reduced axes, so it is computed
-  // from the operand elementwise (Sum: x * R, Mean, Max, Min: x, Prod: x^R), at the operand's
-  // level. This is what a reduction over dimensions of size 1 becomes.
-  bool of_reduced = false;
   int level = 0;                      // reductions it depends on, in a chain
   // Marked `invariant`: computed once a run over the one small shape its inputs are read as
   // (PROGRAM.md, Invariants; hoist.h splits the program there).

@@ -34,7 +34,7 @@ enum class Kernel : uint8_t {
   kSelect,               // RunSelect
   kCast,                 // RunCast
   kFill,                 // Fill: ZerosLike, OnesLike
-  kReduction,            // reduce.h: accumulate and finalize; RunReduceOfReduced
+  kReduction,            // reduce.h: accumulate and finalize
 };
 
 // The kernel of an op for operands computed in fp32/f64, in i32, and in bool.
