@@ -14,7 +14,6 @@ import warnings
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2
 
 import tf_autofuse
 from tf_autofuse import _warn, flags, profiling, rewriter

@@ -97,6 +97,14 @@ OP_CASES = [(spec, DTYPE_NAMES[d]) for spec in catalog.OPS for d in sorted(spec.
             if spec.kind in (catalog.ELEMENTWISE, catalog.BROADCAST) and spec.ir_name != "Cast"]
 
 
+def generate_all(programs, prefix: str = "") -> dict:
+    """{name: Kernel} of `programs` ({name: text}), each generated as `prefix + name`; every one
+    must generate (else the reasons)."""
+    kernels = {name: generate(text, prefix + name) for name, text in programs.items()}
+    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    return kernels
+
+
 @pytest.fixture(scope="module")
 def op_kernels():
     kernels = {}
@@ -757,8 +765,7 @@ def test_reductions_reading_inputs_of_the_reduced_shape():
                          "%2 = Sum %1 axes=[1]\nout0 = %2\n",
              "of_reduced": "in0: f32[?,?]\nin1: f32[?,1]\n%0 = Sum in1 axes=[1]\n%1 = Max in1 axes=[1]\n"
                            "%2 = Min in0 axes=[1]\nout0 = %0\nout1 = %1\nout2 = %2\n"}
-    kernels = [generate(t, n) for n, t in texts.items()]
-    assert all(k.ok for k in kernels), [k.reason for k in kernels]
+    kernels = list(generate_all(texts).values())
     assert kernels[1].out_reduced == (True, True, True)
     lib = twin.build(kernels)
     rng = np.random.default_rng(11)
@@ -783,9 +790,7 @@ REDUCED_ARITHMETIC = {
 
 @pytest.fixture(scope="module")
 def reduced_arithmetic():
-    kernels = {name: generate(text, name) for name, text in REDUCED_ARITHMETIC.items()}
-    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
-    return twin.build(kernels.values())
+    return twin.build(generate_all(REDUCED_ARITHMETIC).values())
 
 
 @pytest.mark.parametrize("cores", [1, 8, 40])
@@ -885,9 +890,7 @@ COVERAGE = {
 
 @pytest.fixture(scope="module")
 def coverage():
-    kernels = {name: generate(text, f"cov_{name}") for name, text in COVERAGE.items()}
-    for name, k in kernels.items():
-        assert k.ok, (name, k.reason)
+    kernels = generate_all(COVERAGE, "cov_")
     return kernels, twin.build(kernels.values())
 
 
@@ -1251,13 +1254,12 @@ def layer_norm64(x, g, b):
 
 @pytest.fixture(scope="module")
 def multipass():
-    kernels = {name: generate(text, name) for name, text in MULTIPASS.items()}
-    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    kernels = generate_all(MULTIPASS)
     return kernels, twin.build(kernels.values())
 
 
 def test_multipass_plans():
-    kernels = {name: generate(text, name) for name, text in MULTIPASS.items()}
+    kernels = generate_all(MULTIPASS)
     assert {n: k.passes for n, k in kernels.items()} == {
         "softmax_f32": 3, "softmax_f16": 3, "softmax_bf16": 3, "layer_norm": 3, "layer_norm_f16": 3,
         "log_softmax_3d": 3, "center_scale": 2}
@@ -1358,8 +1360,7 @@ def test_softmax_and_norm_from_the_rewriter():
         mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
         tf.identity((x - mean) * tf.math.rsqrt(variance + 1e-3), name="norm")
     fused = tf_autofuse.fuse(graph, outputs=["softmax", "norm"], passes=["pointwise", "reduce"])
-    kernels = {f.name: generate(f.program, f.name) for f in fused.fusions}
-    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    kernels = generate_all({f.name: f.program for f in fused.fusions})
     (softmax,) = [k for n, k in kernels.items() if "Max_Sub_Exp_Sum" in n]
     assert softmax.passes == 3
     assert any(k.passes == 2 for k in kernels.values())  # the norm's mean, read back by x - mean
@@ -1385,8 +1386,7 @@ FOLDS = {
 
 @pytest.fixture(scope="module")
 def folds():
-    kernels = {name: generate(text, name) for name, text in FOLDS.items()}
-    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    kernels = generate_all(FOLDS)
     assert kernels["fold_i32"].passes == 2 and kernels["prod_f32"].passes == 2 and kernels["prod_3d"].passes == 1
     return kernels, twin.build(kernels.values())
 
@@ -1461,8 +1461,7 @@ COLUMNS = {
 
 @pytest.fixture(scope="module")
 def columns():
-    kernels = {name: generate(text, name) for name, text in COLUMNS.items()}
-    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    kernels = generate_all(COLUMNS)
     assert kernels["col_2d"].split == 0 and kernels["col_2d"].split2 == 1
     assert kernels["col_i32_4d"].split == 1 and kernels["col_i32_4d"].split2 == 3
     return kernels, twin.build(kernels.values())
@@ -1651,8 +1650,7 @@ COMBINED = {
 
 @pytest.fixture(scope="module")
 def combined():
-    kernels = {name: generate(text, name) for name, text in COMBINED.items()}
-    assert all(k.ok for k in kernels.values()), {n: k.reason for n, k in kernels.items()}
+    kernels = generate_all(COMBINED)
     assert {n: k.passes for n, k in kernels.items()} == {
         "mp_mask": 3, "mp_i32": 2, "mp_f16": 2, "fold_sel": 1, "col_bool": 1, "b3_bool": 1}
     assert kernels["col_bool"].split2 is not None and kernels["b3_bool"].split2 is not None

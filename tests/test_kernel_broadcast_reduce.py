@@ -10,23 +10,18 @@ counts.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from test_kernel import (DTYPES, FLOATS, INT32_MAX, INT32_MIN, OWN_INPUTS, _library_path,
-                         _load_module, as_f64, assert_float_close, float_inputs, program_text,
-                         raw_op, run_fused, ulp)
+import kernel_library
+from test_kernel import (DTYPES, FLOATS, INT32_MAX, INT32_MIN, OWN_INPUTS, as_f64,
+                         assert_bit_identical_across_threads, assert_float_close, float_inputs,
+                         program_text, raw_op, run_fused, ulp)
 from tf_autofuse.rewriter import catalog, passes
 from tf_autofuse.rewriter import program as ir
-
-
-@pytest.fixture(scope="module")
-def ops():
-    return _load_module()
 
 
 def cast(values, dtype):
@@ -635,30 +630,6 @@ def test_sum_is_at_least_as_accurate_as_tensorflow(ops):
                   + ulp(ref, "f32"))
 
 
-# Runs in a fresh process: TensorFlow sizes its intra-op pool once per process unless
-# TF_OVERRIDE_GLOBAL_THREADPOOL gives every session its own, sized by its ConfigProto.
-_THREADS_SCRIPT = """
-import sys
-import numpy as np
-import tensorflow as tf
-
-library, program, values_path, out_path = sys.argv[1:5]
-ops = tf.load_op_library(library)
-values = np.load(values_path)
-results = []
-for threads in (1, 2, 2):
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf.compat.v1.placeholder(tf.as_dtype(values.dtype), None)
-        outs = ops.autofuse_kernel(inputs=[x], Tout=[x.dtype] * 3, program=program)
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                      inter_op_parallelism_threads=1)
-    with tf.compat.v1.Session(graph=graph, config=config) as sess:
-        results.append(np.concatenate([o.ravel() for o in sess.run(outs, {x: values})]))
-np.save(out_path, np.stack(results))
-"""
-
-
 @pytest.mark.parametrize("dtype,shape,axis", [("f32", (3000, 700), 1), ("f16", (300, 7000), 1),
                                               ("f32", (700, 3000), 0), ("f32", (100003, 10), 1),
                                               ("f64", (100003, 3), 0)])
@@ -667,18 +638,7 @@ def test_reductions_bit_identical_across_runs_and_threads(ops, dtype, shape, axi
     program = (f"in0: {dtype}[?,?]\n%0 = Max in0 axes=[{axis}]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
                f"%3 = Sum %2 axes=[{axis}]\n%4 = Div %2, %3\n%5 = Mean in0 axes=[{axis}]\n"
                "out0 = %4\nout1 = %3\nout2 = %5")
-    np.save(tmp_path / "values.npy", values)
-    env = dict(os.environ, TF_OVERRIDE_GLOBAL_THREADPOOL="1", TF_CPP_MIN_LOG_LEVEL="2")
-    subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, _library_path(), program,
-                    str(tmp_path / "values.npy"), str(tmp_path / "out.npy")],
-                   check=True, env=env, timeout=300)
-    one, two, again = np.load(tmp_path / "out.npy")
-    eager = np.concatenate([o.numpy().ravel() for o in
-                            run_fused(ops, program, [tf.constant(values)], [values.dtype] * 3)])
-    bits = lambda a: np.asarray(a).view(np.uint16 if dtype == "f16" else np.uint32)  # noqa
-    np.testing.assert_array_equal(bits(one), bits(two))
-    np.testing.assert_array_equal(bits(two), bits(again))
-    np.testing.assert_array_equal(bits(one), bits(eager))
+    assert_bit_identical_across_threads(ops, program, values, 3, tmp_path)
 
 
 @pytest.mark.parametrize("n", [1023, 200_003])
@@ -704,7 +664,7 @@ def benchmark():
     from test_kernel import _median_ms
 
     os.environ.pop("AUTOFUSE_FLAGS", None)  # TensorFlow's own ops must run unfused
-    ops = _load_module()
+    ops = kernel_library.load()
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(4096, 4096)).astype(np.float32))
     bias = tf.constant(rng.normal(size=(4096,)).astype(np.float32))
@@ -751,7 +711,7 @@ def benchmark_hoisting():
     three rounds so that both see the same machine."""
     from test_kernel import _median_ms
 
-    ops = _load_module()
+    ops = kernel_library.load()
     rng = np.random.default_rng(0)
     for shape in [(8, 56, 56, 256), (1, 112, 112, 64)]:
         c = shape[-1]

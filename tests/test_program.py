@@ -19,7 +19,7 @@ from tf_autofuse.codegen.ascendc import generate
 from tf_autofuse.rewriter import catalog, passes
 from tf_autofuse.rewriter import program as ir
 
-from test_kernel import ops, run_fused  # noqa: F401 - ops is a fixture
+from test_kernel import run_fused
 
 tf1 = tf.compat.v1
 

@@ -14,6 +14,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.framework import op_def_registry
 
+import sessions
 from tf_autofuse import rewriter
 from tf_autofuse.rewriter import catalog, graph as graph_mod, naming, partition
 from tf_autofuse.rewriter import program as ir
@@ -1007,6 +1008,12 @@ def programs(result):
     return {f.name: f.program for f in result.fusions}
 
 
+def fused_programs(g, fetches, values, **kwargs):
+    """{name: program} of the fusions of `g` (a GraphDef, or a function building one with the TF1
+    API), whose expansion gives the original's numbers (expanded_matches)."""
+    return programs(expanded_matches(tf_graph(g) if callable(g) else g, fetches, values, **kwargs))
+
+
 def gelu_tanh():
     x = tf1.placeholder(tf.float32, [8, 64], name="x")
     y = x * 0.5 * (1.0 + tf.tanh(0.7978845608 * (x + 0.044715 * tf.pow(x, 3.0))))
@@ -1029,8 +1036,8 @@ def test_gelu_erf_form():
     def build():
         x = tf1.placeholder(tf.float32, [8, 64], name="x")
         tf.identity(0.5 * x * (1.0 + tf.math.erf(x / 1.4142135623730951)), name="y")
-    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(1, (8, 64))})
-    assert programs(result) == {"autofuse_pointwise_0_Mul_RealDiv_Erf_AddV2_Mul": (
+    fused = fused_programs(build, ["y"], {"x": _uniform(1, (8, 64))})
+    assert fused == {"autofuse_pointwise_0_Mul_RealDiv_Erf_AddV2_Mul": (
         "in0: f32[8,64]\n%0 = Mul 0.5, in0\n%1 = Div in0, 1.4142135381698608\n%2 = Erf %1\n"
         "%3 = Add 1.0, %2\n%4 = Mul %0, %3\nout0 = %4\n")}
 
@@ -1100,9 +1107,8 @@ def test_mean_then_rsqrt():
     def build():
         x = tf1.placeholder(tf.float32, [4, 32], name="x")
         tf.math.rsqrt(tf.reduce_mean(x * x, axis=1), name="y")
-    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(4, (4, 32))},
-                              flags=REDUCE_ON)
-    assert programs(result) == {"autofuse_reduce_0_Mul_Mean_Rsqrt": (
+    fused = fused_programs(build, ["y"], {"x": _uniform(4, (4, 32))}, flags=REDUCE_ON)
+    assert fused == {"autofuse_reduce_0_Mul_Mean_Rsqrt": (
         "in0: f32[4,32]\n%0 = Mul in0, in0\n%1 = Mean %0 axes=[1]\n%2 = Rsqrt %1\n"
         "out0 = %2 -> [4]\n")}
 
@@ -1115,9 +1121,8 @@ def softmax():
 
 
 def test_softmax_is_one_reduce_kernel():
-    result = expanded_matches(tf_graph(softmax), ["y"], {"x": _uniform(5, (8, 10))},
-                              flags=REDUCE_ON)
-    assert programs(result) == {"autofuse_reduce_0_Max_Sub_Exp_Sum_RealDiv": (
+    fused = fused_programs(softmax, ["y"], {"x": _uniform(5, (8, 10))}, flags=REDUCE_ON)
+    assert fused == {"autofuse_reduce_0_Max_Sub_Exp_Sum_RealDiv": (
         "in0: f32[8,10]\n%0 = Max in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Exp %1\n"
         "%3 = Sum %2 axes=[1]\n%4 = Div %2, %3\nout0 = %4\n")}
 
@@ -1136,9 +1141,9 @@ def test_squeeze_excite_halves():
                               flags=REDUCE_ON)
     assert programs(result) == {"autofuse_reduce_0_Abs_Mean_Relu": (
         "in0: f32[2,7,7,16]\n%0 = Abs in0\n%1 = Mean %0 axes=[1,2]\n%2 = Relu %1\nout0 = %2\n")}
-    result = expanded_matches(tf_graph(excite), ["y"], {"x": _uniform(7, (2, 7, 7, 16)),
-                                                        "gate": _uniform(8, (2, 1, 1, 16))})
-    assert programs(result) == {"autofuse_pointwise_0_Sigmoid_Mul": (
+    fused = fused_programs(excite, ["y"], {"x": _uniform(7, (2, 7, 7, 16)),
+                                           "gate": _uniform(8, (2, 1, 1, 16))})
+    assert fused == {"autofuse_pointwise_0_Sigmoid_Mul": (
         "in0: f32[2,1,1,16]\nin1: f32[2,7,7,16]\n%0 = Sigmoid in0 invariant\n%1 = Mul in1, %0\n"
         "out0 = %1\n")}  # the gate's sigmoid computed once a run (passes.hoist)
 
@@ -1146,9 +1151,9 @@ def test_squeeze_excite_halves():
 def test_residual_add_relu():
     g = graph(placeholder("x", F32, (4, 8, 8, 16)), placeholder("skip", F32, (4, 8, 8, 16)),
               node("add", "AddV2", ["x", "skip"]), node("relu", "Relu", ["add"]))
-    result = expanded_matches(g, ["relu"], {"x": _uniform(9, (4, 8, 8, 16)),
-                                            "skip": _uniform(10, (4, 8, 8, 16))})
-    assert programs(result) == {"autofuse_pointwise_0_AddV2_Relu": (
+    fused = fused_programs(g, ["relu"], {"x": _uniform(9, (4, 8, 8, 16)),
+                                         "skip": _uniform(10, (4, 8, 8, 16))})
+    assert fused == {"autofuse_pointwise_0_AddV2_Relu": (
         "in0: f32[4,8,8,16]\nin1: f32[4,8,8,16]\n%0 = Add in0, in1\n%1 = Relu %0\nout0 = %1\n")}
 
 
@@ -1161,9 +1166,8 @@ def bias_add(data_format):
 def test_bias_add_relu6_nchw_views_the_bias():
     g = graph(placeholder("x", F32, (2, 16, 5, 5)), placeholder("b", F32, (16,)),
               bias_add("NCHW"), node("r6", "Relu6", ["bias_add"]))
-    result = expanded_matches(g, ["r6"], {"x": _uniform(11, (2, 16, 5, 5)),
-                                          "b": _uniform(12, (16,))})
-    assert programs(result) == {"autofuse_pointwise_0_BiasAdd_Relu6": (
+    fused = fused_programs(g, ["r6"], {"x": _uniform(11, (2, 16, 5, 5)), "b": _uniform(12, (16,))})
+    assert fused == {"autofuse_pointwise_0_BiasAdd_Relu6": (
         "in0: f32[2,16,5,5]\nin1: f32[16] -> [16,1,1]\n%0 = Add in0, in1\n%1 = Relu6 %0\n"
         "out0 = %1\n")}
     g = graph(placeholder("x", F32, (2, 5, 5, 16)), placeholder("b", F32, (16,)),
@@ -1178,9 +1182,8 @@ def test_select_with_a_comparison():
         x = tf1.placeholder(tf.float32, [4, 6], name="x")
         y = tf1.placeholder(tf.float32, [4, 6], name="w")
         tf.identity(tf.where(x > y, tf.abs(x), y * 2.0), name="y")
-    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(13, (4, 6)),
-                                                       "w": _uniform(14, (4, 6))})
-    assert programs(result) == {"autofuse_pointwise_0_Greater_Abs_Mul_SelectV2": (
+    fused = fused_programs(build, ["y"], {"x": _uniform(13, (4, 6)), "w": _uniform(14, (4, 6))})
+    assert fused == {"autofuse_pointwise_0_Greater_Abs_Mul_SelectV2": (
         "in0: f32[4,6]\nin1: f32[4,6]\n%0 = Greater in0, in1\n%1 = Abs in0\n%2 = Mul in1, 2.0\n"
         "%3 = Select %0, %1, %2\nout0 = %3\n")}
 
@@ -1202,9 +1205,8 @@ def test_column_broadcast():
         x = tf1.placeholder(tf.float32, [4, 6], name="x")
         c = tf1.placeholder(tf.float32, [4, 1], name="c")
         tf.identity(tf.exp(x - c) * 3.0, name="y")
-    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(15, (4, 6)),
-                                                       "c": _uniform(16, (4, 1))})
-    assert programs(result) == {"autofuse_pointwise_0_Sub_Exp_Mul": (
+    fused = fused_programs(build, ["y"], {"x": _uniform(15, (4, 6)), "c": _uniform(16, (4, 1))})
+    assert fused == {"autofuse_pointwise_0_Sub_Exp_Mul": (
         "in0: f32[4,6]\nin1: f32[4,1]\n%0 = Sub in0, in1\n%1 = Exp %0\n%2 = Mul %1, 3.0\n"
         "out0 = %2\n")}
 
@@ -1214,9 +1216,8 @@ def test_reduction_over_axes_1_2_with_and_without_keep_dims():
         x = tf1.placeholder(tf.float32, [2, 3, 4, 5], name="x")
         tf.identity(tf.reduce_sum(tf.abs(x), axis=[1, 2], keepdims=True), name="y")
         tf.identity(tf.reduce_sum(tf.abs(x), axis=[2, -3], keepdims=False), name="z")
-    result = expanded_matches(tf_graph(build), ["y", "z"], {"x": _uniform(17, (2, 3, 4, 5))},
-                              flags=REDUCE_ON)
-    assert programs(result) == {
+    fused = fused_programs(build, ["y", "z"], {"x": _uniform(17, (2, 3, 4, 5))}, flags=REDUCE_ON)
+    assert fused == {
         "autofuse_reduce_0_Abs_Sum": "in0: f32[2,3,4,5]\n%0 = Abs in0\n%1 = Sum %0 axes=[1,2]\n"
                                      "out0 = %1\n",
         "autofuse_reduce_1_Abs_Sum": "in0: f32[2,3,4,5]\n%0 = Abs in0\n%1 = Sum %0 axes=[1,2]\n"
@@ -1228,9 +1229,8 @@ def test_reduced_and_full_outputs_together():
         x = tf1.placeholder(tf.float32, [6, 5], name="x")
         m = tf.reduce_mean(x, axis=0, name="m")  # keep_dims=false over the leading axis: [5]
         tf.identity(x - m, name="centered")  # broadcasts like the keep_dims form [1,5]
-    result = expanded_matches(tf_graph(build), ["m", "centered"], {"x": _uniform(18, (6, 5))},
-                              flags=REDUCE_ON)
-    assert programs(result) == {"autofuse_reduce_0_Mean_Sub": (
+    fused = fused_programs(build, ["m", "centered"], {"x": _uniform(18, (6, 5))}, flags=REDUCE_ON)
+    assert fused == {"autofuse_reduce_0_Mean_Sub": (
         "in0: f32[6,5]\n%0 = Mean in0 axes=[0]\n%1 = Sub in0, %0\nout0 = %0 -> [5]\nout1 = %1\n")}
 
 
@@ -1265,9 +1265,9 @@ def test_add_n_clip_leaky_relu_and_cast_lower_to_the_ir():
         s = tf.raw_ops.ClipByValue(t=s, clip_value_min=-1.0, clip_value_max=2.0)
         s = tf.nn.leaky_relu(s, alpha=0.25)
         tf.cast(tf.cast(s, tf.float16) * tf.constant(2.0, tf.float16), tf.float32, name="y")
-    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(23, (3, 4)),
-                                                       "w": _uniform(24, (3, 4))}, rtol=1e-3)
-    assert programs(result) == {
+    fused = fused_programs(build, ["y"], {"x": _uniform(23, (3, 4)), "w": _uniform(24, (3, 4))},
+                           rtol=1e-3)
+    assert fused == {
         "autofuse_pointwise_0_Abs_AddN_ClipByValue_LeakyRelu_Cast_Mul_Cast": (
             "in0: f32[3,4]\nin1: f32[3,4]\n%0 = Abs in0\n%1 = Add in0, in1\n%2 = Add %1, %0\n"
             "%3 = Minimum %2, 2.0\n%4 = Maximum %3, -1.0\n%5 = LeakyRelu %4 alpha=0.25\n"
@@ -1607,11 +1607,7 @@ def test_disable_scope_attr_reaches_the_pass_in_a_session(monkeypatch):
         with tf_autofuse.disable_autofuse():
             a = tf.add(x, w, name="scoped")
         y = tf.nn.relu(tf.abs(inner(a, w) + x), name="y")
-        cfg = tf1.ConfigProto()
-        cfg.graph_options.rewrite_options.use_plugin_optimizers = \
-            rewriter_config_pb2.RewriterConfig.OFF
-        cfg.graph_options.rewrite_options.custom_optimizers.add().name = "AutofuseOptimizer"
-        with tf1.Session(graph=g, config=cfg) as sess:
+        with tf1.Session(graph=g, config=sessions.config()) as sess:
             xs = np.arange(8, dtype=np.float32)
             value = sess.run(y, {x: xs, w: xs - 3})
     np.testing.assert_allclose(value, np.abs((2 * xs - 3) * (xs - 3) + xs), rtol=1e-6)
@@ -1632,9 +1628,9 @@ def test_layer_norm_with_sub_and_square():
         gamma = tf.constant(np.linspace(0.5, 1.5, 32).astype(np.float32), name="gamma")
         beta = tf.constant(np.linspace(-1, 1, 32).astype(np.float32), name="beta")
         tf.identity(centered * tf.math.rsqrt(variance + 1e-5) * gamma + beta, name="y")
-    result = expanded_matches(tf_graph(build), ["y"], {"x": _uniform(30, (4, 8, 32))},
-                              rtol=1e-5, flags=REDUCE_ON)
-    assert programs(result) == {"autofuse_reduce_0_Mean_Sub_Square_Mean_AddV2_Rsqrt_Mul_Mul_AddV2": (
+    fused = fused_programs(build, ["y"], {"x": _uniform(30, (4, 8, 32))}, rtol=1e-5,
+                           flags=REDUCE_ON)
+    assert fused == {"autofuse_reduce_0_Mean_Sub_Square_Mean_AddV2_Rsqrt_Mul_Mul_AddV2": (
         "in0: f32[4,8,32]\nin1: f32[32]\nin2: f32[32]\n%0 = Mean in0 axes=[2]\n%1 = Sub in0, %0\n"
         "%2 = Square %1\n%3 = Mean %2 axes=[2]\n%4 = Add %3, 9.999999747378752e-06\n"
         "%5 = Rsqrt %4\n%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8\n")}

@@ -4,8 +4,9 @@ Each entry says what the partitioner needs (TF op types, kind, arity, dtypes), w
 program text calls it (`ir_name`, see docs/PROGRAM.md), a numpy reference used as the golden
 result in tests (float64 capable), its cost on a CPU core, and algebraic facts the passes use
 (transcendental, never negative). The partitioner, the cost models, the IR passes and the
-program printer read this table; the C++ kernel's OpCode enum and op table are generated from it when the library is
-built (catalog_cc.py), and the Ascend generator's op map (codegen/opmap.py) is checked against it.
+program printer read this table; the C++ kernel's OpCode enum and op table are generated from
+it when the library is built (catalog_cc.py), and the Ascend generator's op map
+(codegen/opmap.py) is checked against it.
 
 Adding an op: a row here, its kernel body in the CPU interpreter (cc/cpu/ops.h and its entry in
 CpuKernelsOf, or `cpu_refusal` here), and its Ascend C mapping or stated refusal in opmap.py.
@@ -509,6 +510,11 @@ def tf_op(op_type: str) -> Optional[TfOp]:
 
 
 # --- static shapes ----------------------------------------------------------------------------
+
+
+def fully_known(shape) -> bool:
+    """A known rank and every size known (no -1 for unknown, no symbol below it)."""
+    return shape is not None and all(d >= 0 for d in shape)
 
 
 def broadcast_dim(a: int, b: int) -> Optional[int]:

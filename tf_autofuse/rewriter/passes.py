@@ -87,7 +87,7 @@ def hoist(program: ir.FusedProgram) -> ir.FusedProgram:
         return program
     outputs = _output_values(program)
     dtypes = program.value_dtypes()
-    known = [ir.fully_known(d.shape) and ir.fully_known(program.read_shape(j))
+    known = [catalog.fully_known(d.shape) and catalog.fully_known(program.read_shape(j))
              for j, d in enumerate(program.inputs)]
     best, best_cost = None, 0
     for shape in dict.fromkeys(program.read_shape(j) for j in range(len(known)) if known[j]):

@@ -229,8 +229,8 @@ def _check(program: FusedProgram) -> tuple:
         if decl.shape is not None and any(not isinstance(d, int) or d < -1 for d in decl.shape):
             fail(i, "sizes are integers >= 0, or -1 for unknown")
         _check_view(decl.view, "view", lambda r, i=i: fail(i, r))
-        if (decl.view is not None and fully_known(decl.shape) and fully_known(decl.view)
-                and math.prod(decl.view) != math.prod(decl.shape)):
+        known = catalog.fully_known(decl.shape) and catalog.fully_known(decl.view)
+        if decl.view is not None and known and math.prod(decl.view) != math.prod(decl.shape):
             fail(i, f"the view {shape_text(decl.view)} has {math.prod(decl.view)} elements but "
                     f"the tensor {shape_text(decl.shape)} has {math.prod(decl.shape)}")
     _check_views_broadcast(program)
@@ -329,10 +329,6 @@ def _reduced_inputs(program: FusedProgram, axes: Optional[tuple], fail) -> tuple
                  for shape in shapes)
 
 
-def fully_known(shape: Optional[tuple]) -> bool:
-    return shape is not None and all(d >= 0 for d in shape)
-
-
 def _check_invariants(program: FusedProgram, value_dtypes: list, reducing: bool, fail) -> None:
     """The rules of invariant instructions (docs/PROGRAM.md, Invariants): what makes computing
     them once a run, over the one shape S their inputs are read as, give the same bits."""
@@ -354,7 +350,8 @@ def _check_invariants(program: FusedProgram, value_dtypes: list, reducing: bool,
                     fail(n_in + i, f"an invariant instruction reads {operand}, which is not")
                 continue
             read = program.read_shape(operand.index)
-            if not fully_known(program.inputs[operand.index].shape) or not fully_known(read):
+            if not (catalog.fully_known(program.inputs[operand.index].shape)
+                    and catalog.fully_known(read)):
                 fail(n_in + i, f"an invariant instruction reads {operand}, whose shape is not "
                                "fully known")
             if small is None:
