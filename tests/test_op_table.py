@@ -28,8 +28,8 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 
 import tf_autofuse
-from test_rewriter import graph as rewriter_graph
-from test_rewriter import node, placeholder
+from rewriter_graphs import graph as rewriter_graph
+from rewriter_graphs import node, placeholder
 from tf_autofuse import rewriter
 from tf_autofuse.rewriter import catalog, catalog_cc
 
