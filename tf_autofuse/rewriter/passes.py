@@ -36,8 +36,8 @@ def simplify(program: ir.FusedProgram) -> ir.FusedProgram:
     x itself, NaN payloads and -0 included, in every float type (16-bit types compute in fp32).
     Its readers read the operand. Integer values are left alone (Abs and Square of i32 wrap
     negative), and so is a Relu that is an output, so that outputs keep one value each.
-    abs -> relu -> exp is the chain the project's examples fuse: its Relu is one pass over every
-    element that the kernel no longer makes."""
+    abs -> relu -> exp is the chain the project's examples fuse: its Relu would be one more pass
+    over every element."""
     outputs = _output_values(program)
     dtypes = program.value_dtypes()
     kept: list = []
@@ -81,8 +81,8 @@ def hoist(program: ir.FusedProgram) -> ir.FusedProgram:
     program with reductions is left alone), not outputs, and keep their value in its stored
     type (no 16-bit value: computed apart, it would be rounded where the program keeps fp32).
     The S whose hoisted instructions cost most is taken, when the rest of the program still
-    reads some input as another shape, the hoisted ones cost more than MIN_HOISTED_COST a
-    element (catalog.element_cost) and the rest reads some of their values."""
+    reads some input as another shape, the rest reads some of their values and they cost at
+    least MIN_HOISTED_COST an element (catalog.element_cost)."""
     if program.reduce_axes() is not None:
         return program
     outputs = _output_values(program)
