@@ -1,8 +1,17 @@
-"""Test-session hooks shared by every test file."""
+"""Test-session hooks and fixtures shared by every test file."""
 
 from __future__ import annotations
 
+import pytest
+
 import fuzz_seed
+import kernel_library
+
+
+@pytest.fixture(scope="module")
+def ops():
+    """The kernel library's ops (ops.autofuse_kernel), loaded once a module."""
+    return kernel_library.load()
 
 
 def pytest_terminal_summary(terminalreporter):

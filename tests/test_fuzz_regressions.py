@@ -17,7 +17,9 @@ import tensorflow as tf
 
 import fuzz_seed
 import test_random_graphs as rg
-from test_kernel import _load_module, run_fused
+import kernel_library
+import sessions
+from test_kernel import run_fused
 from tf_autofuse import _warn, rewriter
 from tf_autofuse.rewriter import program as ir
 
@@ -67,10 +69,6 @@ def test_fuzz_on_the_commit_seed():
 
 # --- ClipByValue of constants: no instruction of immediates only ------------------------------
 
-def _session_config(params=None):
-    return rg.session_config(True, params=params)
-
-
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float32, tf.int32])
 @pytest.mark.parametrize("value,high", [(2.0, 0.5), (0.25, 0.5), (-3.0, -4.0)])
 def test_clip_of_a_constant_value_and_bound_folds(dtype, value, high):
@@ -90,7 +88,7 @@ def test_clip_of_a_constant_value_and_bound_folds(dtype, value, high):
         program = ir.parse(fusion.program)
         for inst in program.instructions:
             assert any(isinstance(o, ir.Ref) for o in inst.operands), fusion.program
-    with tf1.Session(graph=graph, config=_session_config()) as sess:
+    with tf1.Session(graph=graph, config=sessions.config()) as sess:
         for data in (-3, -1, 0, 1, 4):
             fused = sess.run(out, {x: data})
             assert float(fused) == float(max(min(value, high), abs(data) - 1, 0)), (data, fused)
@@ -102,7 +100,7 @@ def test_clip_of_a_constant_value_and_bound_folds(dtype, value, high):
 def test_prod_of_a_zero_keeps_the_sign_and_pow_of_it_the_infinity(dtype):
     """A product with a zero is -0.0 after an odd number of negative factors (or -0.0s), and
     Pow(-0.0, -1) is -inf: the fused Prod and Pow give numpy's float64 bits, signs included."""
-    ops = _load_module()
+    ops = kernel_library.load()
     rows = np.array([[0.0, -2.0, 3.0, -1.0],    # +0 (two negatives)
                      [0.0, -2.0, 3.0, 1.0],     # -0 (one negative)
                      [-0.0, 2.0, 3.0, 1.0],     # -0 (a -0.0 factor)
@@ -131,7 +129,7 @@ def test_a_value_beyond_the_16_bit_range_stays_f32_inside_a_kernel(dtype):
     """The class of (8686, 737): a 16-bit kernel computes in f32 and rounds once, at its
     outputs. Squares beyond 65504 (f16) stay finite inside the kernel, so the rsqrt of their
     mean is the float64 one; the same mean as an output is stored, as +inf in f16."""
-    ops = _load_module()
+    ops = kernel_library.load()
     big = 400.0 if dtype == "f16" else 1e19  # squares beyond the type's largest value
     values = np.array([[big, -big, 1.0, 2.0], [1.0, 2.0, 3.0, 4.0]])
     x = tf.constant(values.astype(rg.np_dtype(dtype)))
@@ -196,7 +194,7 @@ def test_stacked_normalisations_agree_with_float64_whatever_the_partition(dtype,
     xv = rng.normal(0.0, 8.0, (13, 17)).astype(dtype.as_numpy_dtype)
     bv = np.array([[-2.2]], dtype.as_numpy_dtype)
     ref = _stacked_reference(xv.astype(np.float64), bv.astype(np.float64))
-    cfg = _session_config(params)
+    cfg = sessions.config(True, params)
     _warn.reset()
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", _warn.AutofuseWarning)
@@ -209,7 +207,7 @@ def test_stacked_normalisations_agree_with_float64_whatever_the_partition(dtype,
     kernels = [n.name for p in metadata.partition_graphs for n in p.node
                if n.op == "AutofuseKernel"]
     assert kernels
-    with tf1.Session(graph=graph, config=rg.session_config(False)) as sess:
+    with tf1.Session(graph=graph, config=sessions.config(False)) as sess:
         unfused = sess.run(out, {x: xv, b: bv})
     f, t = np.asarray(fused, np.float64), np.asarray(unfused, np.float64)
     ulp = 2.0 ** -{tf.float16: 10, tf.bfloat16: 7, tf.float32: 23}[dtype]

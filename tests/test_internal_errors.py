@@ -15,7 +15,7 @@ import tf_autofuse
 from tf_autofuse import _warn
 from tf_autofuse.rewriter import lower, partition
 import tf_autofuse.rewriter as rewriter_package
-from test_random_graphs import session_config
+import sessions
 
 tf1 = tf.compat.v1
 
@@ -79,7 +79,7 @@ def test_a_group_whose_lowering_raises_runs_unfused_in_a_session(monkeypatch):
     graph, fetches, feeds = _two_chains()
 
     def run():
-        with tf1.Session(graph=graph, config=session_config(True)) as sess:
+        with tf1.Session(graph=graph, config=sessions.config(True)) as sess:
             metadata = tf1.RunMetadata()
             values = sess.run(fetches, feeds, options=tf1.RunOptions(output_partition_graphs=True),
                               run_metadata=metadata)
@@ -90,7 +90,7 @@ def test_a_group_whose_lowering_raises_runs_unfused_in_a_session(monkeypatch):
     assert kernels == ["autofuse_pointwise_0_Tanh_Sigmoid"], executed
     assert executed.get("exp") == "Exp"
     assert said and all("internal error: ZeroDivisionError: boom" in s for s in said), said
-    with tf1.Session(graph=graph, config=session_config(False)) as sess:
+    with tf1.Session(graph=graph, config=sessions.config(False)) as sess:
         want = sess.run(fetches, feeds)
     _assert_close(values, want)
 
@@ -122,12 +122,12 @@ def test_a_bug_in_the_splice_is_an_autofuse_error_and_the_session_runs_unfused(m
         tf_autofuse.fuse(graph, outputs=["exp", "sig"])
 
     def run():
-        with tf1.Session(graph=graph, config=session_config(True)) as sess:
+        with tf1.Session(graph=graph, config=sessions.config(True)) as sess:
             return sess.run(fetches, feeds)
 
     values, said = _warnings_of(run)
     assert len(said) == 1 and "runs unfused" in said[0] and "AttributeError" in said[0], said
-    with tf1.Session(graph=graph, config=session_config(False)) as sess:
+    with tf1.Session(graph=graph, config=sessions.config(False)) as sess:
         want = sess.run(fetches, feeds)
     _assert_close(values, want)
 

@@ -22,31 +22,14 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import op_def_registry
 
-from tf_autofuse.rewriter import catalog
+import kernel_library
+from tf_autofuse.rewriter import catalog, passes
+from tf_autofuse.rewriter import program as ir
 
 try:
     from scipy import special as _special
 except ImportError:  # pragma: no cover - scipy is optional
     _special = None
-
-
-def _load_module():
-    override = os.environ.get("TF_AUTOFUSE_TEST_LIBRARY")  # a library built by hand
-    if override:
-        return tf.load_op_library(override)
-    try:
-        from tf_autofuse import _native
-
-        return _native.load()
-    except Exception:  # the official loader may not be usable yet; build and load directly
-        from tf_autofuse import _build
-
-        return tf.load_op_library(str(_build.library_path()))
-
-
-@pytest.fixture(scope="module")
-def ops():
-    return _load_module()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +210,7 @@ def program_text(decls, lines, outputs):
     text = [f"in{i}: {d}" for i, d in enumerate(decls)]
     text += [f"%{i} = {line}" for i, line in enumerate(lines)]
     text += [f"out{i} = {o}" for i, o in enumerate(outputs)]
-    return "\n".join(text)
+    return "".join(line + "\n" for line in text)
 
 
 def run_fused(ops, program, inputs, touts, name=None):
@@ -337,6 +320,15 @@ def test_op_large(ops, op, dtype, n):
     check_op(ops, op, dtype, n)
 
 
+def assert_f32_values(ops, op, x, want):
+    """`op` of each f32 value of `x` is exactly `want` (NaN where want is NaN)."""
+    (fused,) = run_fused(ops, program_text([f"f32[{x.size}]"], [f"{op} in0"], ["%0"]),
+                         [tf.constant(x)], [tf.float32])
+    for v, w, g in zip(x, want, fused.numpy()):
+        same = np.isnan(g) if np.isnan(w) else g == np.float32(w)
+        assert same, f"{op}({v!r}) = {g!r}, want {w!r}"
+
+
 def test_erfc_f32_within_its_bound_over_its_range(ops):
     """Erfc f32 (packet_math.h, ErfcPacket) is within _BOUND_ULPS of the exact value on a dense
     grid of its range (in places TensorFlow's kernel is closer; in the tail TensorFlow's is much
@@ -411,12 +403,7 @@ def test_erfc_f32_dense_grid_tails_and_specials(ops):
                            np.finfo(np.float32).max, -np.finfo(np.float32).max] + [0.0] * 12)
     want = [np.nan, 0.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 0.0, 0.0, 0.0, 2.0,
             0.0, 2.0, 0.0, 2.0] + [1.0] * 12
-    program = program_text([f"f32[{specials.size}]"], ["Erfc in0"], ["%0"])
-    (fused,) = run_fused(ops, program, [tf.constant(specials)], [tf.float32])
-    got = fused.numpy()
-    assert np.isnan(got[0])
-    for v, w, g in zip(specials[1:], want[1:], got[1:]):
-        assert g == np.float32(w), f"erfc({v!r}) = {g!r}, want {w!r}"
+    assert_f32_values(ops, "Erfc", specials, want)
 
 
 def test_exp_f32_dense_grid_boundaries_and_specials(ops):
@@ -460,12 +447,7 @@ def test_exp_f32_dense_grid_boundaries_and_specials(ops):
                            -np.finfo(np.float32).max, 1.0, -1.0])
     want = [np.nan, np.inf, 0.0, 1.0, 1.0, 1.0, 1.0, np.inf, np.inf, 0.0, 0.0, 0.0, np.inf, 0.0,
             np.float32(np.e), np.float32(1 / np.e)]
-    program = program_text([f"f32[{specials.size}]"], ["Exp in0"], ["%0"])
-    (fused,) = run_fused(ops, program, [tf.constant(specials)], [tf.float32])
-    got = fused.numpy()
-    assert np.isnan(got[0])
-    for v, w, g in zip(specials[1:], want[1:], got[1:]):
-        assert g == np.float32(w), f"exp({v!r}) = {g!r}, want {w!r}"
+    assert_f32_values(ops, "Exp", specials, want)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,8 +489,9 @@ def test_runs_large_enough_to_prefetch_give_the_bits_of_small_ones(ops):
                        "exp of f16 over 2**20 elements")
 
 
-# A Relu of a value never below -0 is dropped before planning (simplify.h); these check that
-# it is dropped only where max(x, 0) is x itself.
+# The rewriter's simplify pass (rewriter/passes.py) drops a Relu of a value never below -0; these
+# check that the kernel's Relu of such a value is that value, bit for bit, so the pass changes
+# nothing the kernel gives.
 _NEVER_NEGATIVE = {  # producer -> (TensorFlow's op, float64 reference)
     "Abs": (tf.abs, np.abs),
     "Relu": (tf.nn.relu, lambda x: np.maximum(x, 0)),
@@ -524,13 +507,17 @@ _RELU_SPECIALS = [np.nan, -np.nan, -0.0, 0.0, np.inf, -np.inf, 1e-30, -1e-30, 1e
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
 @pytest.mark.parametrize("producer", sorted(_NEVER_NEGATIVE))
 def test_relu_of_a_never_negative_value_is_that_value(ops, producer, dtype):
-    """P -> Relu gives the bits of P alone (NaN payloads, zeros, infinities, subnormals, a
-    ragged tile included), and TensorFlow's relu(P(x)) within P's own tolerance."""
+    """P -> Relu, the kernel computing the Relu, gives the bits of P alone (NaN payloads, zeros,
+    infinities, subnormals, a ragged tile included), and TensorFlow's relu(P(x)) within P's own
+    tolerance; the simplify pass drops that Relu (not the one an output names)."""
     n = 3 * 4096 + 37
     v = np.random.default_rng(5).normal(0, 3, n)
     v[:len(_RELU_SPECIALS)] = _RELU_SPECIALS
     x = tf.cast(tf.constant(v), DTYPES[dtype])
     decl = [f"{dtype}[{n}]"]
+    relu_then_neg = ir.parse(program_text(decl, [f"{producer} in0", "Relu %0", "Neg %1"],
+                                          ["%2"]))
+    assert [i.op for i in passes.simplify(relu_then_neg).instructions] == [producer, "Neg"]
     (with_relu,) = run_fused(ops, program_text(decl, [f"{producer} in0", "Relu %0"], ["%1"]),
                              [x], [DTYPES[dtype]])
     (alone,) = run_fused(ops, program_text(decl, [f"{producer} in0"], ["%0"]), [x],
@@ -654,14 +641,15 @@ def test_int_immediates_wrap(ops):
 
 
 def test_literal_forms_and_final_newline(ops):
-    """Literals as Python's repr prints them, inf and nan included; one final newline is fine."""
+    """Literals as Python's repr prints them (inf and nan are no immediates: tests/test_program.py);
+    one final newline is fine."""
     x = tf.constant([-2.5, 0.0, 1.0, 3.0e30], tf.float32)
-    program = ("in0: f32[4]\n%0 = Maximum in0, -inf\n%1 = Minimum %0, inf\n%2 = Add %1, 1e-05\n"
-               "%3 = Mul %2, 2\n%4 = Maximum %3, nan\nout0 = %3\nout1 = %4\n")
-    got, nan = run_fused(ops, program, [x], [tf.float32, tf.float32])
-    want = (x.numpy() + np.float32(1e-05)) * np.float32(2)
+    program = ("in0: f32[4]\n%0 = Maximum in0, -2.0\n%1 = Minimum %0, 1e+30\n%2 = Add %1, 1e-05\n"
+               "%3 = Mul %2, 2\nout0 = %3\n")
+    (got,) = run_fused(ops, program, [x], [tf.float32])
+    want = (np.minimum(np.maximum(x.numpy(), np.float32(-2)), np.float32(1e30)) +
+            np.float32(1e-05)) * np.float32(2)
     np.testing.assert_array_equal(got.numpy(), want)
-    assert np.isnan(nan.numpy()).all()
 
 
 def test_outputs_of_inputs_and_repeated_values(ops):
@@ -859,53 +847,50 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-library, program, values_path, out_path = sys.argv[1:5]
+library, program, count, values_path, out_path = sys.argv[1:6]
 ops = tf.load_op_library(library)
 values = np.load(values_path)
 results = []
 for threads in (1, 2, 2):
     graph = tf.Graph()
     with graph.as_default():
-        x = tf.compat.v1.placeholder(tf.as_dtype(values.dtype), [None])
-        (y,) = ops.autofuse_kernel(inputs=[x], Tout=[x.dtype], program=program)
+        x = tf.compat.v1.placeholder(tf.as_dtype(values.dtype), None)
+        outs = ops.autofuse_kernel(inputs=[x], Tout=[x.dtype] * int(count), program=program)
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
                                       inter_op_parallelism_threads=1)
     with tf.compat.v1.Session(graph=graph, config=config) as sess:
-        results.append(sess.run(y, {x: values}))
+        results.append(np.concatenate([o.ravel() for o in sess.run(outs, {x: values})]))
 np.save(out_path, np.stack(results))
 """
 
 
-def _library_path():
-    override = os.environ.get("TF_AUTOFUSE_TEST_LIBRARY")
-    if override:
-        return override
-    from tf_autofuse import _build
+def assert_bit_identical_across_threads(ops, program, values, count, tmp_path):
+    """`program` (one input, `count` outputs of its dtype) gives the same bits on `values` run on
+    1, 2 and again 2 threads in a fresh process, and eagerly here."""
+    import subprocess
 
-    return str(_build.library_path())
+    np.save(tmp_path / "values.npy", values)
+    env = dict(os.environ, TF_OVERRIDE_GLOBAL_THREADPOOL="1", TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, kernel_library.path(), program,
+                    str(count), str(tmp_path / "values.npy"), str(tmp_path / "out.npy")],
+                   check=True, env=env, timeout=300)
+    one, two, again = np.load(tmp_path / "out.npy")
+    eager = np.concatenate([o.numpy().ravel() for o in
+                            run_fused(ops, program, [tf.constant(values)], [values.dtype] * count)])
+    bits = lambda a: np.asarray(a).view(np.uint16 if a.itemsize == 2 else np.uint8)  # noqa
+    np.testing.assert_array_equal(bits(one), bits(two))
+    np.testing.assert_array_equal(bits(two), bits(again))
+    np.testing.assert_array_equal(bits(one), bits(eager))
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_bit_identical_across_runs_and_threads(ops, dtype, tmp_path):
-    import subprocess
-
-    n = 1_000_003
-    tdt = DTYPES[dtype]
-    values = tf.cast(tf.constant(np.random.default_rng(5).normal(0, 3, n)), tdt).numpy()
+    values = tf.cast(tf.constant(np.random.default_rng(5).normal(0, 3, 1_000_003)),
+                     DTYPES[dtype]).numpy()
     program = program_text([f"{dtype}[?]"],
                            ["Tanh in0", "Exp %0", "Mul %1, in0", "Softplus %2", "Erf %3"],
                            ["%4"])
-    np.save(tmp_path / "values.npy", values)
-    env = dict(os.environ, TF_OVERRIDE_GLOBAL_THREADPOOL="1", TF_CPP_MIN_LOG_LEVEL="2")
-    subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, _library_path(), program,
-                    str(tmp_path / "values.npy"), str(tmp_path / "out.npy")],
-                   check=True, env=env, timeout=300)
-    one, two, again = np.load(tmp_path / "out.npy")
-    (eager,) = run_fused(ops, program, [tf.constant(values)], [tdt])
-    bits = lambda a: np.asarray(a).view(np.uint16 if dtype == "f16" else np.uint32)  # noqa
-    np.testing.assert_array_equal(bits(one), bits(two))
-    np.testing.assert_array_equal(bits(two), bits(again))
-    np.testing.assert_array_equal(bits(one), bits(eager.numpy()))
+    assert_bit_identical_across_threads(ops, program, values, 1, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1046,7 +1031,7 @@ def test_strip_fusion_off_gives_the_same_bits(ops, tmp_path):
                           len(outputs)))
     np.savez(tmp_path / "cases.npz", cases=np.array(cases, dtype=object))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    subprocess.run([sys.executable, "-c", _STRIP_OFF_SCRIPT, _library_path(),
+    subprocess.run([sys.executable, "-c", _STRIP_OFF_SCRIPT, kernel_library.path(),
                     str(tmp_path / "cases.npz"), str(tmp_path / "off.npy")],
                    check=True, env=env, timeout=300)
     off = np.load(tmp_path / "off.npy", allow_pickle=True)
@@ -1079,7 +1064,7 @@ def _median_ms(fn, reps=20):
 def benchmark():
     # TensorFlow's own ops must run unfused: no plugin optimizer for this process.
     os.environ.pop("AUTOFUSE_FLAGS", None)
-    ops = _load_module()
+    ops = kernel_library.load()
     for dtype in ("f32", "f16"):
         tdt = DTYPES[dtype]
         x = tf.cast(tf.constant(np.random.default_rng(0).normal(size=(4096, 4096))), tdt)

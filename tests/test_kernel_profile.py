@@ -123,8 +123,9 @@ CHAIN = textwrap.dedent("""
 
 
 def test_relu_of_a_never_negative_value_is_not_computed(tmp_path):
-    """In abs -> relu -> exp the Relu (of |x|, never below 0) is dropped before planning
-    (simplify.h): the kernel keeps its name but runs no Relu step; a Relu of exp(x) - 1.5 runs."""
+    """In abs -> relu -> exp the Relu (of |x|, never below 0) is dropped by the rewriter's
+    simplify pass (rewriter/passes.py): the kernel keeps its name but runs no Relu step; a Relu
+    of exp(x) - 1.5 runs."""
     done = run(tmp_path, "--kernel_profile=kp.csv", CHAIN)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [r for r in csv.DictReader((tmp_path / "kp.csv").open()) if r["step"] != "call"]

@@ -2,7 +2,7 @@
 kernel body.
 
 - The generated header (rewriter/catalog_cc.py) holds every op of the table, reductions last,
-  with the dtype classes, result kinds, costs and facts the C++ side reads.
+  with the dtype classes, result kinds, costs and CPU refusals the C++ side reads.
 - The CPU interpreter's completeness check (cc/cpu/kernels.h): an op of the table without a
   kernel for a dtype it allows, and without a stated refusal, does not compile, and the error
   names the op; a stated refusal compiles.
@@ -28,8 +28,8 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 
 import tf_autofuse
-from test_rewriter import graph as rewriter_graph
-from test_rewriter import node, placeholder
+from rewriter_graphs import graph as rewriter_graph
+from rewriter_graphs import node, placeholder
 from tf_autofuse import rewriter
 from tf_autofuse.rewriter import catalog, catalog_cc
 
@@ -44,14 +44,14 @@ def test_generated_header_has_every_op_of_the_table_in_order():
     rows = _rows(catalog_cc.header_text())
     assert [r[2:r.index(",")] for r in rows] == [s.ir_name for s in catalog.OPS]
     by_name = {r[2:r.index(",")]: [f.strip() for f in r[2:-3].split(",")] for r in rows}
-    assert by_name["Abs"] == ["Abs", "1", "kFloatTypes | kI32Type", "kSame", "1", "true", "nullptr"]
+    assert by_name["Abs"] == ["Abs", "1", "kFloatTypes | kI32Type", "kSame", "1", "2", "nullptr"]
     assert by_name["IsNan"][3] == "kBool" and by_name["Cast"][3] == "kCastTo"
     assert by_name["LogicalAnd"][2] == "kBoolType"
     assert by_name["ZerosLike"][2] == "kFloatTypes | kI32Type | kBoolType"
     for spec in catalog.OPS:
         fields = by_name[spec.ir_name]
         assert fields[1] == str(spec.arity) and fields[4] == str(spec.cost)
-        assert fields[5] == ("true" if spec.never_negative else "false")
+        assert fields[5] == str(catalog.element_cost(spec, types_pb2.DT_DOUBLE))
     first = next(s.ir_name for s in catalog.OPS if s.kind == catalog.REDUCE)
     assert f"#define TF_AUTOFUSE_FIRST_REDUCTION k{first}" in catalog_cc.header_text()
 
@@ -67,15 +67,23 @@ def test_generated_header_refuses_a_table_it_cannot_express():
 
 
 def test_cost_models_read_the_table():
+    """One cost per op, the table's: the rewriter's cost models and the CPU kernel's estimate
+    (op_table.inc) read it through element_cost, whose f64 rule is the only one."""
+    f32, f64 = types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE
     for spec in catalog.OPS:
+        assert catalog.element_cost(spec, f32) == spec.cost
+        assert catalog.element_cost(spec, types_pb2.DT_HALF) == spec.cost  # computed in fp32
+        assert catalog.element_cost(spec, f64) == (
+            max(2 * spec.cost, catalog.F64_SCALAR_COST) if spec.transcendental else 2 * spec.cost)
         for tf_op in spec.tf_ops:
             entry = catalog.tf_op(tf_op)
             if entry is None or entry.ir_ops != (spec.ir_name,):
                 continue
             assert catalog.is_transcendental(tf_op) == spec.transcendental
-            assert catalog.op_weight(tf_op) == (catalog.EXPENSIVE_WEIGHT if spec.transcendental
-                                                else 1)
-    assert catalog.op_weight("ClipByValue") == 4  # Maximum, Minimum, Less, Select
+            assert catalog.tf_op_cost(tf_op, f32) == spec.cost
+    cost = {name: catalog.for_ir_name(name).cost for name in ("Maximum", "Minimum", "Less",
+                                                              "Select")}
+    assert catalog.tf_op_cost("ClipByValue", f32) == sum(cost.values())  # the ops it may emit
     assert not catalog.is_transcendental("ClipByValue")
 
 
@@ -133,11 +141,12 @@ def test_a_stated_cpu_refusal_is_the_partitioners_reason(monkeypatch):
 # --- the interpreter's completeness check ---------------------------------------------------
 
 
-def _with_row(row: str) -> str:
-    """The generated header with `row` added before the reductions."""
-    text = catalog_cc.header_text()
-    first = next(s.ir_name for s in catalog.OPS if s.kind == catalog.REDUCE)
-    return text.replace(f"  X({first},", f"  {row} \\\n  X({first},", 1)
+def _with_op(ir_name: str, dtypes=catalog.FLOAT, cpu_refusal=None) -> str:
+    """The generated header with an elementwise op `ir_name` added before the reductions."""
+    toy = catalog.OpSpec((ir_name,), ir_name, catalog.ELEMENTWISE, 1, dtypes, np.arcsinh,
+                         cpu_refusal=cpu_refusal)
+    first = next(i for i, s in enumerate(catalog.OPS) if s.kind == catalog.REDUCE)
+    return catalog_cc.header_text(catalog.OPS[:first] + (toy,) + catalog.OPS[first:])
 
 
 def _compile_kernels_check(tmp_path: Path, header: str) -> subprocess.CompletedProcess:
@@ -159,20 +168,16 @@ def test_an_op_without_a_cpu_kernel_does_not_compile_and_the_error_names_it(tmp_
     ok = _compile_kernels_check(tmp_path / "ok", catalog_cc.header_text())
     assert ok.returncode == 0, ok.stderr
     (tmp_path / "missing").mkdir()
-    missing = _compile_kernels_check(
-        tmp_path / "missing", _with_row("X(Asinh, 1, kFloatTypes, kSame, 1, false, nullptr)"))
+    missing = _compile_kernels_check(tmp_path / "missing", _with_op("Asinh"))
     assert missing.returncode != 0
     assert "the CPU interpreter has no kernel for op Asinh" in missing.stderr
     # an i32 variant of a float-only kernel family is missing too
     (tmp_path / "ints").mkdir()
-    ints = _compile_kernels_check(
-        tmp_path / "ints", _with_row("X(Asinh, 1, kFloatTypes | kI32Type, kSame, 1, false, "
-                                     "nullptr)").replace("X(Asinh", "X(Tanh2", 1))
+    ints = _compile_kernels_check(tmp_path / "ints", _with_op("Tanh2", catalog.FLOAT_I32))
     assert ints.returncode != 0 and "op Tanh2" in ints.stderr
     (tmp_path / "refused").mkdir()
     refused = _compile_kernels_check(
-        tmp_path / "refused",
-        _with_row('X(Asinh, 1, kFloatTypes, kSame, 1, false, "no kernel written yet")'))
+        tmp_path / "refused", _with_op("Asinh", cpu_refusal="no kernel written yet"))
     assert refused.returncode == 0, refused.stderr
 
 

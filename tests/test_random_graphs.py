@@ -49,14 +49,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
-from tensorflow.core.protobuf import rewriter_config_pb2
 
-import tf_autofuse
+import sessions
 from tf_autofuse import _warn, rewriter
 from tf_autofuse.rewriter import catalog
 
 tf1 = tf.compat.v1
-OFF = rewriter_config_pb2.RewriterConfig.OFF
 
 try:
     from scipy import special as _special
@@ -901,27 +899,10 @@ def build_graph(spec: GraphSpec, data: dict):
     return graph, [tensors[v] for v in spec.fetches], feeds
 
 
-def session_config(fuse: bool, threads: int = 0, arithmetic: bool = True, params=None,
-                   remapping: bool = True):
-    cfg = tf1.ConfigProto(intra_op_parallelism_threads=threads)
-    rewrite = cfg.graph_options.rewrite_options
-    rewrite.use_plugin_optimizers = OFF
-    if not arithmetic:
-        rewrite.arithmetic_optimization = OFF
-    if not remapping:
-        rewrite.remapping = OFF
-    if fuse:
-        custom = rewrite.custom_optimizers.add()
-        custom.name = tf_autofuse.OPTIMIZER_NAME
-        for key, value in (params or {}).items():
-            custom.parameter_map[key].s = value.encode()
-    return cfg
-
-
 def run_session(graph, fetches, feeds, fuse: bool, arithmetic: bool = True, params=None,
                 remapping: bool = True):
     """(fetched values, {node name: op type} of what ran)."""
-    config = session_config(fuse, arithmetic=arithmetic, params=params, remapping=remapping)
+    config = sessions.config(fuse, params, arithmetic, remapping)
     with tf1.Session(graph=graph, config=config) as sess:
         metadata = tf1.RunMetadata()
         values = sess.run(fetches, feeds, options=tf1.RunOptions(output_partition_graphs=True),

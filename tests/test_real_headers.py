@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from test_codegen import suite_kernels
+from test_codegen_schedules import suite_kernels
 
 FLAGS = ["-std=c++17", "-D__CCE_AICORE__=220", "-D__DAV_C220__", "-D__CCE_KT_TEST__=1",
          "-DASCENDC_CPU_DEBUG=1", "-DASCENDC_DEBUG=1", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fsyntax-only"]

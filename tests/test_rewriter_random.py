@@ -1,7 +1,7 @@
 """Random DAGs of broadcasting, reducing and view ops through the rewriter.
 
 Each graph is rewritten (reduce pass on, random flags) and the result, with every fused node
-expanded into the TF ops its program names (test_rewriter._expand_fused: views as Reshape,
+expanded into the TF ops its program names (test_rewriter.expand_fused: views as Reshape,
 reductions keep_dims over the iteration axes), must give the original graph's numbers for
 every fetched node. This checks the lowering's shape reasoning (placements, views, outputs)
 without the kernel. float64 throughout, so the comparison is tight.
@@ -16,7 +16,7 @@ from tensorflow.core.framework import types_pb2
 
 from tf_autofuse import rewriter
 from tf_autofuse.rewriter import catalog, lower
-from test_rewriter import _expand_fused, _run, const, graph, node, placeholder
+from rewriter_graphs import const, expand_fused, graph, node, placeholder, run_graph
 
 F64 = types_pb2.DT_DOUBLE
 SHAPES = [(3, 4, 5), (4, 5), (5,), (1, 5), (3, 1, 5), (3, 4, 1), (1,), (), (3, 4, 5), (4, 1)]
@@ -151,8 +151,8 @@ def test_random_graph_keeps_its_numbers(seed, unknown):
         recomputation_threshold=int(rng.integers(0, 3)),
     )
     result = rewriter.rewrite(g, preserve=fetches, flags=flags)
-    want = _run(g, fetches, feeds)
-    got = _run(_expand_fused(result.graph_def), fetches, feeds)
+    want = run_graph(g, fetches, feeds)
+    got = run_graph(expand_fused(result.graph_def), fetches, feeds)
     for name, w, v in zip(fetches, want, got):
         assert w.shape == v.shape, name
         np.testing.assert_allclose(v, w, rtol=1e-12, atol=1e-12, err_msg=name)

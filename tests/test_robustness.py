@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
-from tensorflow.core.protobuf import rewriter_config_pb2
 
-import tf_autofuse
+import sessions
 from tf_autofuse.rewriter import catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,26 +26,11 @@ import test_random_graphs as rg  # noqa: E402
 
 tf1 = tf.compat.v1
 ROOT = Path(__file__).resolve().parents[1]
-OFF = rewriter_config_pb2.RewriterConfig.OFF
-
-
-@pytest.fixture(scope="module")
-def ops():
-    return tf_autofuse.ops()
-
-
-def config(fuse=True, **kwargs):
-    cfg = tf1.ConfigProto(**kwargs)
-    rewrite = cfg.graph_options.rewrite_options
-    rewrite.use_plugin_optimizers = OFF
-    if fuse:
-        rewrite.custom_optimizers.add().name = tf_autofuse.OPTIMIZER_NAME
-    return cfg
 
 
 def run_graph(graph, fetches, feeds=None, fuse=True, init=None, **cfg):
     """(values, executed {name: op}) of one run of `graph`."""
-    with tf1.Session(graph=graph, config=config(fuse, **cfg)) as sess:
+    with tf1.Session(graph=graph, config=sessions.config(fuse, **cfg)) as sess:
         if init is not None:
             sess.run(init)
         md = tf1.RunMetadata()
@@ -471,7 +455,7 @@ def test_placeholders_of_unknown_rank_and_dims():
         y = tf1.placeholder(tf.float32, [None, None], name="y")  # unknown dims
         a = tf.exp(tf.nn.relu(tf.abs(x)))
         b = tf.tanh(y) * tf.sigmoid(y)
-        with tf1.Session(graph=graph, config=config()) as sess:
+        with tf1.Session(graph=graph, config=sessions.config()) as sess:
             for shape in [(3,), (2, 5), (0, 4), (1, 1, 7), (), (4097,)]:
                 xv = np.random.default_rng(len(shape)).normal(size=shape).astype(np.float32)
                 yv = xv.reshape(1, -1) if xv.ndim else xv.reshape(1, 1)
@@ -642,7 +626,7 @@ def test_fused_kernel_allocates_only_its_outputs():
         x = tf1.placeholder(tf.float32, [n], name="x")
         a = tf.exp(tf.abs(x), name="a")  # two outputs: a is fetched, b the end of the chain
         b = tf.tanh(a * x, name="b")
-        with tf1.Session(graph=graph, config=config()) as sess:
+        with tf1.Session(graph=graph, config=sessions.config()) as sess:
             md = tf1.RunMetadata()
             sess.run([a, b], {x: np.ones(n, np.float32)},
                      options=tf1.RunOptions(trace_level=tf1.RunOptions.SOFTWARE_TRACE,

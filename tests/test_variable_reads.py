@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_autofuse import rewriter
-from test_random_graphs import session_config
+import sessions
 
 tf1 = tf.compat.v1
 
@@ -50,7 +50,7 @@ def test_fused_reads_give_the_values_of_the_unfused_graph():
     graph, init, y = _gelu_of_a_variable()
     values = {}
     for fuse in (False, True):
-        with tf1.Session(graph=graph, config=session_config(fuse)) as sess:
+        with tf1.Session(graph=graph, config=sessions.config(fuse)) as sess:
             sess.run(init)
             metadata = tf1.RunMetadata()
             values[fuse] = sess.run(y, options=tf1.RunOptions(output_partition_graphs=True),

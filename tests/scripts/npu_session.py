@@ -17,10 +17,12 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
-from tensorflow.core.protobuf import rewriter_config_pb2
 
 import tf_autofuse
 from tf_autofuse.codegen import cann, twin
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
+import sessions  # noqa: E402
 
 tf1 = tf.compat.v1
 OUT = Path(sys.argv[1])
@@ -28,18 +30,6 @@ LOG = Path(os.environ["TWIN_ACL_LOG"])
 handler = logging.StreamHandler(sys.stderr)
 logging.getLogger("tf_autofuse").addHandler(handler)
 logging.getLogger("tf_autofuse").setLevel(logging.INFO)
-
-
-def config(fuse, **params):
-    cfg = tf1.ConfigProto()
-    rewrite = cfg.graph_options.rewrite_options
-    rewrite.use_plugin_optimizers = rewriter_config_pb2.RewriterConfig.OFF
-    if fuse:
-        custom = rewrite.custom_optimizers.add()
-        custom.name = tf_autofuse.OPTIMIZER_NAME
-        for key, value in params.items():
-            custom.parameter_map[key].s = str(value).encode()
-    return cfg
 
 
 def launches():
@@ -53,7 +43,7 @@ def run(build, feeds, fuse=True, runs=1, **params):
         fetches, placeholders = build()
         before = len(launches())
         cann.resolved_libraries(clear=True)
-        with tf1.Session(graph=graph, config=config(fuse, **params)) as sess:
+        with tf1.Session(graph=graph, config=sessions.config(fuse, params)) as sess:
             metadata = tf1.RunMetadata()
             for _ in range(runs):
                 values = sess.run(fetches, dict(zip(placeholders, feeds)),

@@ -2,103 +2,20 @@
 
 #include "hoist.h"
 
-#include <set>
 #include <vector>
 
 namespace tf_autofuse {
-namespace {
 
-bool FullyKnown(const ShapeDecl& shape) {
-  if (shape.unknown_rank) return false;
-  for (int64_t d : shape.dims) {
-    if (d < 0) return false;
-  }
-  return true;
-}
-
-bool Stored(DType dtype) { return dtype != DType::kF16 && dtype != DType::kBF16; }
-
-// Which instructions may be hoisted when the inputs marked `small` are those read as S.
-std::vector<bool> Hoistable(const Program& program, const std::vector<bool>& small,
-                            const std::vector<bool>& is_output) {
-  const int n = static_cast<int>(program.instructions.size());
-  std::vector<bool> hoist(n, false);
-  for (int i = 0; i < n; ++i) {
-    const Instruction& inst = program.instructions[i];
-    if (IsReduction(inst.op) || is_output[i] || !Stored(inst.dtype)) continue;
-    bool ok = true, reads = false;
-    for (int o = 0; o < inst.num_operands && ok; ++o) {
-      const Operand& operand = inst.operands[o];
-      switch (operand.kind) {
-        case Operand::Kind::kImmediate:
-          break;
-        case Operand::Kind::kInput:
-          ok = small[operand.index];
-          reads = true;
-          break;
-        case Operand::Kind::kValue:
-          ok = hoist[operand.index];
-          reads = true;
-          break;
-      }
-    }
-    hoist[i] = ok && reads;
-  }
-  return hoist;
-}
-
-}  // namespace
-
-bool HoistInvariants(const Program& program, HoistedProgram* out) {
-  if (program.has_reductions()) return false;
+bool SplitInvariants(const Program& program, HoistedProgram* out) {
   const int num_inputs = static_cast<int>(program.inputs.size());
   const int n = static_cast<int>(program.instructions.size());
-  std::vector<bool> is_output(n, false);
-  for (const Output& output : program.outputs) {
-    if (output.operand.kind == Operand::Kind::kValue) is_output[output.operand.index] = true;
+  std::vector<bool> invariant(n, false);
+  bool any = false;
+  for (int i = 0; i < n; ++i) {
+    invariant[i] = program.instructions[i].invariant;
+    any = any || invariant[i];
   }
-
-  // Each distinct fully known shape inputs are read as is a candidate S; keep the best.
-  std::set<std::vector<int64_t>> tried;
-  std::vector<bool> best_small, best_hoist;
-  int best_cost = 0;
-  for (int j = 0; j < num_inputs; ++j) {
-    const InputDecl& decl = program.inputs[j];
-    if (!FullyKnown(decl.shape) || !FullyKnown(decl.read_shape())) continue;
-    const std::vector<int64_t>& shape = decl.read_shape().dims;
-    if (!tried.insert(shape).second) continue;
-    std::vector<bool> small(num_inputs, false);
-    for (int k = 0; k < num_inputs; ++k) {
-      const InputDecl& other = program.inputs[k];
-      small[k] = FullyKnown(other.shape) && FullyKnown(other.read_shape()) &&
-                 other.read_shape().dims == shape;
-    }
-    std::vector<bool> hoist = Hoistable(program, small, is_output);
-    int cost = 0;
-    bool large_read = false;  // the main program reads an input as another shape
-    for (int i = 0; i < n; ++i) {
-      const Instruction& inst = program.instructions[i];
-      if (hoist[i]) {
-        cost += GetOpInfo(inst.op).cost;
-        continue;
-      }
-      for (int o = 0; o < inst.num_operands; ++o) {
-        const Operand& operand = inst.operands[o];
-        if (operand.kind == Operand::Kind::kInput && !small[operand.index]) large_read = true;
-      }
-    }
-    for (const Output& output : program.outputs) {
-      if (output.operand.kind == Operand::Kind::kInput && !small[output.operand.index]) {
-        large_read = true;
-      }
-    }
-    if (large_read && cost > best_cost) {
-      best_cost = cost;
-      best_small = std::move(small);
-      best_hoist = std::move(hoist);
-    }
-  }
-  if (best_cost < 2) return false;
+  if (!any) return false;
 
   HoistedProgram split;
   // The prologue: the small inputs the hoisted instructions read, the hoisted instructions, and
@@ -122,9 +39,10 @@ bool HoistInvariants(const Program& program, HoistedProgram* out) {
     return operand;
   };
   for (int i = 0; i < n; ++i) {
-    if (!best_hoist[i]) continue;
+    if (!invariant[i]) continue;
     Instruction inst = program.instructions[i];
     for (int o = 0; o < inst.num_operands; ++o) inst.operands[o] = remap_prologue(inst.operands[o]);
+    inst.invariant = false;  // the prologue computes it over its whole iteration shape, S
     prologue_value[i] = static_cast<int>(split.prologue.instructions.size());
     split.prologue.instructions.push_back(std::move(inst));
   }
@@ -134,7 +52,7 @@ bool HoistInvariants(const Program& program, HoistedProgram* out) {
   auto remap_main = [&](Operand operand) {
     if (operand.kind != Operand::Kind::kValue) return operand;
     const int i = operand.index;
-    if (!best_hoist[i]) {
+    if (!invariant[i]) {
       operand.index = main_value[i];
       return operand;
     }
@@ -155,13 +73,13 @@ bool HoistInvariants(const Program& program, HoistedProgram* out) {
     return operand;
   };
   for (int i = 0; i < n; ++i) {
-    if (best_hoist[i]) continue;
+    if (invariant[i]) continue;
     Instruction inst = program.instructions[i];
     for (int o = 0; o < inst.num_operands; ++o) inst.operands[o] = remap_main(inst.operands[o]);
     main_value[i] = static_cast<int>(split.main.instructions.size());
     split.main.instructions.push_back(std::move(inst));
   }
-  if (split.prologue.outputs.empty()) return false;  // hoisted values nobody reads: not ours
+  if (split.prologue.outputs.empty()) return false;  // nothing reads them: run as written
   for (const Output& output : program.outputs) {
     Output copy = output;
     copy.operand = remap_main(output.operand);

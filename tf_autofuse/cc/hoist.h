@@ -1,21 +1,16 @@
-// Loop-invariant code motion for fused programs.
+// The split of a program at its invariant instructions (PROGRAM.md, Invariants).
 //
-// A fused program computes every instruction once per element of its iteration space, also the
-// ones that read only small broadcast inputs: in a batch normalisation the [C] parameters give
-// `rsqrt(var + eps) * gamma` and `beta - mean * that`, which the whole group would otherwise
-// recompute for each of N*H*W*C elements. HoistInvariants splits such a program in two:
+// A fused program computes every instruction once per element of its iteration space. The
+// rewriter's hoist pass (rewriter/passes.py) marks `invariant` the instructions that read only
+// small broadcast inputs of one shape S (in a batch normalisation, `rsqrt(var + eps) * gamma`
+// on [C]); the parser checked the rules that make computing them apart give the same bits.
+// SplitInvariants cuts such a program in two:
 //
-//   prologue: the invariant instructions, over the small shape S they are read as (once a run);
+//   prologue: the invariant instructions, over S (once a run);
 //   main:     the rest, over the iteration space, reading the prologue's values as extra inputs
 //             (declared with shape S, after the original inputs).
 //
-// Hoisted, an instruction must: not be a reduction (programs with reductions are left alone),
-// read only immediates, hoisted values and inputs read as S (S fully known), compute its value
-// in its stored type (no 16-bit value: hoisting it would round it between the two programs,
-// where the fused kernel keeps fp32 until the outputs), and not be an output. The split is made
-// only when the main program still reads some input as another shape than S and the hoisted
-// instructions are worth more than one cheap operation. Results are bit-identical: the same
-// operations run on the same values in the same types, once per distinct element.
+// The decision is the rewriter's: nothing here weighs what is worth hoisting.
 #ifndef TF_AUTOFUSE_CC_HOIST_H_
 #define TF_AUTOFUSE_CC_HOIST_H_
 
@@ -31,8 +26,9 @@ struct HoistedProgram {
   std::vector<int> prologue_inputs;  // the original input index of each prologue input
 };
 
-// False (and *out untouched) when nothing is worth hoisting.
-bool HoistInvariants(const Program& program, HoistedProgram* out);
+// False (and *out untouched) when the program has no invariant instruction that the rest
+// reads.
+bool SplitInvariants(const Program& program, HoistedProgram* out);
 
 }  // namespace tf_autofuse
 

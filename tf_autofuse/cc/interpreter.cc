@@ -110,13 +110,13 @@
 namespace tf_autofuse {
 namespace {
 
-// Rough CPU cycles per element: the ops, and moving the bytes (about 2 bytes a cycle).
+// The cost of one element in cheap ops (the op table's, catalog.element_cost): the ops, and
+// moving the bytes (about 2 bytes a cheap op).
 int64_t ProgramCostPerElement(const Program& program) {
   int64_t cost = 0;
   for (const Instruction& inst : program.instructions) {
-    const int op_cost = GetOpInfo(inst.op).cost;
-    // f64 transcendentals run the C library's scalar functions
-    cost += inst.operand_dtype == DType::kF64 && op_cost > 1 ? 8 * op_cost : op_cost;
+    const OpInfo& info = GetOpInfo(inst.op);
+    cost += inst.operand_dtype == DType::kF64 ? info.cost_f64 : info.cost;
   }
   for (const InputDecl& in : program.inputs) cost += DTypeSize(in.dtype) / 2;
   for (size_t k = 0; k < program.outputs.size(); ++k) {
@@ -221,7 +221,7 @@ void RunSchedule(const Schedule& schedule, const Frame& frame, bool reduced_spac
         const char* src[3] = {address(step.src[0]),
                               step.num_src > 1 ? address(step.src[1]) : nullptr,
                               step.num_src > 2 ? address(step.src[2]) : nullptr};
-        RunCompute(step, src, address(step.dst), count, scalar_reduced, frame.run.reduce);
+        RunCompute(step, src, address(step.dst), count, scalar_reduced);
         break;
       }
       case Step::Kind::kConvertStore:

@@ -34,7 +34,6 @@
 #include "npu_dispatch.h"  // tf_autofuse/codegen/host (-I added by _build.py)
 #include "output_cache.h"
 #include "program.h"
-#include "simplify.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -57,13 +56,13 @@ using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-// How a kernel uses the intra-op pool. The interpreter's cost units are rough (an erfc costs 4 or
-// 40 adds depending on the machine), so each kernel times its first two inline runs (one is not
-// enough: the first also faults in the thread's scratch). From then on every run goes to
-// TensorFlow's ParallelFor with its cost per item in cycles, as TensorFlow's own elementwise
-// kernels do: Eigen's cost model runs it inline when it is small (~100k cycles) and otherwise
-// splits it over the pool. Deciding as TensorFlow does matters in a model: a kernel kept inline
-// while the pool's threads idle lets them fall asleep, and the next MatMul pays to wake them
+// How a kernel uses the intra-op pool. The interpreter's cost units are rough (how many adds an
+// erfc costs depends on the machine's vector unit), so each kernel times its first two inline
+// runs (one is not enough: the first also faults in the thread's scratch). From then on every
+// run goes to TensorFlow's ParallelFor with its cost per item in cycles, as TensorFlow's own
+// elementwise kernels do: Eigen's cost model runs it inline when it is small (~100k cycles) and
+// otherwise splits it over the pool. Deciding as TensorFlow does matters in a model: a kernel kept
+// inline while the pool's threads idle lets them fall asleep, and the next MatMul pays to wake them
 // (a 2-layer transformer at batch 1 ran ~9 % slower with kernels of up to 300 us kept inline).
 // The estimate is the fastest rate any timed range showed, the pool's shards included, so it
 // only comes down. Timing the first two runs alone was not enough: in a fresh process on a busy
@@ -348,9 +347,8 @@ class AutofuseKernelOp : public OpKernel {
                                     absl::StrCat("AutofuseKernel '", ctx->def().name(), "'"),
                                     &program));
     num_inputs_ = static_cast<int>(program.inputs.size());
-    SimplifyProgram(&program);  // simplify.h: e.g. a Relu of an Abs is the Abs
     HoistedProgram split;
-    if (HoistInvariants(program, &split)) {  // hoist.h: invariants computed once per run
+    if (SplitInvariants(program, &split)) {  // hoist.h: invariants computed once per run
       prologue_ = std::make_unique<Interpreter>(std::move(split.prologue));
       prologue_inputs_ = std::move(split.prologue_inputs);
       program = std::move(split.main);

@@ -21,8 +21,8 @@ namespace tf_autofuse {
 namespace {
 
 constexpr OpInfo kOps[] = {
-#define TF_AUTOFUSE_OP_INFO(name, arity, dtypes, result, cost, never_negative, cpu_refusal) \
-  {OpCode::k##name, #name, arity, dtypes, ResultKind::result, cost, never_negative, cpu_refusal},
+#define TF_AUTOFUSE_OP_INFO(name, arity, dtypes, result, cost, cost_f64, cpu_refusal) \
+  {OpCode::k##name, #name, arity, dtypes, ResultKind::result, cost, cost_f64, cpu_refusal},
     TF_AUTOFUSE_OPS(TF_AUTOFUSE_OP_INFO)
 #undef TF_AUTOFUSE_OP_INFO
 };
@@ -68,14 +68,22 @@ bool ParseDType(absl::string_view text, DType* dtype) {
   return false;
 }
 
-// A literal as Python's repr(float) / repr(int) prints it: "2", "-3.0", "1e-05", "inf", "nan".
+// A finite decimal literal, as Python's repr(float) / repr(int) prints it: "2", "-3.0", "1e-05".
+// Immediates and attributes hold finite values only (the rewriter never folds inf or NaN into
+// a program).
 bool ParseLiteral(absl::string_view text, double* value) {
   if (text.empty()) return false;
   const char first = text[0] == '-' ? (text.size() > 1 ? text[1] : '\0') : text[0];
-  if (!IsDigit(first) && first != 'i' && first != 'n') return false;
+  if (!IsDigit(first)) return false;
   const char* end = text.data() + text.size();
   auto result = std::from_chars(text.data(), end, *value);
-  return result.ec == std::errc() && result.ptr == end;
+  return result.ec == std::errc() && result.ptr == end && std::isfinite(*value);
+}
+
+// An integer literal: digits, after an optional '-' (what an i32 immediate is written as).
+bool IsIntegerLiteral(absl::string_view text) {
+  absl::ConsumePrefix(&text, "-");
+  return !text.empty() && std::all_of(text.begin(), text.end(), IsDigit);
 }
 
 // "[dims]" with dims "", "*" or sizes and "?" separated by ","; false with *error set if not.
@@ -150,6 +158,7 @@ class Parser {
     if (program_->outputs.empty()) return Error("the program has no output");
     absl::Status status = CheckViewsBroadcast();
     if (status.ok()) status = Classify();
+    if (status.ok()) status = CheckInvariants();
     return status;
   }
 
@@ -268,8 +277,9 @@ class Parser {
     }
     if (!ParseLiteral(token, &operand->immediate)) {
       return Error(absl::StrCat("bad operand '", token,
-                                "' (expected inK, %K, a decimal literal, true or false)"));
+                                "' (expected inK, %K, a finite decimal literal, true or false)"));
     }
+    operand->is_integer = IsIntegerLiteral(token);
     return absl::OkStatus();
   }
 
@@ -299,6 +309,7 @@ class Parser {
       return Error(absl::StrCat(info.name, " has no CPU kernel: ", info.cpu_refusal));
     }
     rest.remove_prefix(space + 1);
+    if (absl::ConsumeSuffix(&rest, " invariant")) inst.invariant = true;
 
     // Operands, separated by ", "; then attributes, separated by " ".
     std::vector<absl::string_view> operand_tokens;
@@ -352,8 +363,8 @@ class Parser {
     return absl::OkStatus();
   }
 
-  // The attributes an op takes: alpha= (LeakyRelu, optional, 0.2 as in TensorFlow), to= (Cast),
-  // axes= (reductions); nothing else.
+  // The attributes an op takes, each once and always: alpha= (LeakyRelu), to= (Cast), axes=
+  // (reductions); nothing else.
   absl::Status ParseAttrs(
       const std::vector<std::pair<absl::string_view, absl::string_view>>& attrs,
       Instruction* inst) {
@@ -375,7 +386,8 @@ class Parser {
       seen = true;
       if (inst->op == OpCode::kLeakyRelu) {
         if (!ParseLiteral(value, &inst->alpha)) {
-          return Error(absl::StrCat("bad alpha '", value, "' (expected a decimal literal)"));
+          return Error(
+              absl::StrCat("bad alpha '", value, "' (expected a finite decimal literal)"));
         }
       } else if (inst->op == OpCode::kCast) {
         if (!ParseDType(value, &inst->to) || !IsFloat(inst->to)) {
@@ -386,7 +398,7 @@ class Parser {
         if (!status.ok()) return status;
       }
     }
-    if (!seen && wanted != nullptr && inst->op != OpCode::kLeakyRelu) {
+    if (!seen && wanted != nullptr) {
       return Error(absl::StrCat(info.name, " needs the attribute ", wanted, "="));
     }
     return absl::OkStatus();
@@ -487,9 +499,9 @@ class Parser {
                                   DTypeName(t)));
       }
       if (t == DType::kI32 &&
-          !(v == std::floor(v) && v >= std::numeric_limits<int32_t>::min() &&
+          !(operand.is_integer && v >= std::numeric_limits<int32_t>::min() &&
             v <= std::numeric_limits<int32_t>::max())) {
-        return Error(absl::StrCat("immediate ", v, " is not an i32"));
+        return Error(absl::StrCat("immediate ", v, " is not an i32 (an integer literal)"));
       }
     }
     switch (info.result) {
@@ -592,18 +604,19 @@ class Parser {
           return Error(absl::StrCat("axis ", inst.axes.back(), " is out of range for rank ", rank,
                                     " (the rank of the iteration shape)"));
         }
-        // A value or input that is 1 along the reduced axes may be reduced: the reduced axes
-        // are then 1 in the iteration shape too (the rewriter never reduces a broadcast
-        // dimension), as in a layer norm over a dimension of size 1.
+        // An input that is 1 along the reduced axes may be reduced (read broadcast over them,
+        // as every input is), a reduced value may not: a reduction's operand is a full value.
         const Operand& x = inst.operands[0];
         if (x.kind == Operand::Kind::kImmediate) {
           return Error(absl::StrCat("the operand of ", GetOpInfo(inst.op).name,
                                     " must be a value or an input, not an immediate"));
         }
+        if (x.kind == Operand::Kind::kValue && p.IsReduced(x)) {
+          return Error(absl::StrCat("the operand of ", GetOpInfo(inst.op).name,
+                                    " is a full value, not the reduced %", x.index));
+        }
         inst.reduced = true;
-        inst.of_reduced = x.kind == Operand::Kind::kValue && p.IsReduced(x);
-        inst.level = (x.kind == Operand::Kind::kValue ? p.instructions[x.index].level : 0) +
-                     (inst.of_reduced ? 0 : 1);
+        inst.level = (x.kind == Operand::Kind::kValue ? p.instructions[x.index].level : 0) + 1;
       } else {
         inst.reduced = true;
         for (int i = 0; i < inst.num_operands; ++i) {
@@ -616,6 +629,50 @@ class Parser {
         }
       }
       p.num_levels = std::max(p.num_levels, inst.level);
+    }
+    return absl::OkStatus();
+  }
+
+  // The rules of invariant instructions (PROGRAM.md, Invariants), which make computing them once
+  // a run, over the one shape S their inputs are read as, give the same bits.
+  absl::Status CheckInvariants() {
+    const Program& p = *program_;
+    const ShapeDecl* small = nullptr;  // S
+    for (const Instruction& inst : p.instructions) {
+      if (!inst.invariant) continue;
+      SetLine(inst.line);
+      if (!p.axes.empty()) return Error("a program with reductions has no invariant instruction");
+      if (inst.dtype == DType::kF16 || inst.dtype == DType::kBF16) {
+        return Error("an invariant value is not 16-bit (computed apart, it would be rounded "
+                     "where the program keeps fp32)");
+      }
+      for (int o = 0; o < inst.num_operands; ++o) {
+        const Operand& x = inst.operands[o];
+        if (x.kind == Operand::Kind::kValue && !p.instructions[x.index].invariant) {
+          return Error(absl::StrCat("an invariant instruction reads %", x.index,
+                                    ", which is not"));
+        }
+        if (x.kind != Operand::Kind::kInput) continue;
+        const InputDecl& decl = p.inputs[x.index];
+        if (KnownElements(decl.shape) < 0 || KnownElements(decl.read_shape()) < 0) {
+          return Error(absl::StrCat("an invariant instruction reads in", x.index,
+                                    ", whose shape is not fully known"));
+        }
+        if (small == nullptr) {
+          small = &decl.read_shape();
+        } else if (decl.read_shape().dims != small->dims) {
+          return Error(absl::StrCat("an invariant instruction reads in", x.index, " as ",
+                                    ShapeString(decl.read_shape()), ", others read inputs as ",
+                                    ShapeString(*small)));
+        }
+      }
+    }
+    for (const Output& output : p.outputs) {
+      if (output.operand.kind == Operand::Kind::kValue &&
+          p.instructions[output.operand.index].invariant) {
+        SetLine(output.line);
+        return Error("an output names no invariant value");
+      }
     }
     return absl::OkStatus();
   }

@@ -4,9 +4,11 @@
 // checks everything the interpreter relies on: inputs, values and outputs numbered from 0 in
 // order, every operand defined above its use, known ops with the right arity and attributes,
 // one dtype per operand position that the op allows, immediates representable in that dtype,
-// well-formed views, and reductions over one list of consecutive axes whose operands are full
-// values. It then classifies every value as full or reduced and gives it a level (the number of
-// reductions it depends on, one after the other). A program that passes is safe to plan and run;
+// well-formed views, reductions over one list of consecutive axes whose operands are full
+// values, and invariant instructions that keep the rules which make computing them once a run
+// give the same bits (the rewriter's IR passes decide them, rewriter/passes.py). It then
+// classifies every value as full or reduced and gives it a level (the number of reductions it
+// depends on, one after the other). A program that passes is safe to plan and run;
 // every failure is InvalidArgument naming the line.
 //
 // Nothing here depends on TensorFlow, only on absl (which TensorFlow ships).
@@ -63,9 +65,9 @@ struct OpInfo {
   int arity;            // 1, 2 or 3
   uint8_t dtypes;       // DTypeClass bits allowed for the operands (Select: its x and y)
   ResultKind result;
-  int cost;             // rough CPU cycles per fp32 element, for the thread-pool cost model;
-                        // kernel.cc also times runs, so it only needs to be right within ~2x
-  bool never_negative;  // a float value never below -0 (or NaN), whatever the operands
+  int cost;             // one element in fp32 (and 16-bit types), in cheap ops, and in f64
+  int cost_f64;         // (catalog.element_cost): the thread-pool estimate, which kernel.cc's
+                        // timing refines, so it only needs to be right within ~2x
   const char* cpu_refusal;  // why the CPU kernel does not run it; null: it does
 };
 
@@ -81,6 +83,7 @@ struct Operand {
   int index = 0;         // K of inK / %K
   double immediate = 0;  // the literal, exactly as parsed (kImmediate); true/false are 1/0
   bool is_bool = false;  // the literal was `true` or `false`
+  bool is_integer = false;  // the literal was written as an integer (digits, an optional '-')
 };
 
 // "[128,?]" as parsed: -1 for "?"; unknown_rank for "[*]".
@@ -107,15 +110,14 @@ struct Instruction {
   DType operand_dtype = DType::kF32;  // of its non-immediate operands (Select: of x and y)
   int num_operands = 0;
   std::array<Operand, 3> operands;
-  double alpha = 0.2;                 // LeakyRelu
+  double alpha = 0;                   // LeakyRelu
   DType to = DType::kF32;             // Cast
   std::vector<int> axes;              // reductions
   bool reduced = false;               // a reduced value (see Reductions in PROGRAM.md)
-  // A reduction of a reduced value: its operand is 1 along the reduced axes, so it is computed
-  // from the operand elementwise (Sum: x * R, Mean, Max, Min: x, Prod: x^R), at the operand's
-  // level. This is what a reduction over dimensions of size 1 becomes.
-  bool of_reduced = false;
   int level = 0;                      // reductions it depends on, in a chain
+  // Marked `invariant`: computed once a run over the one small shape its inputs are read as
+  // (PROGRAM.md, Invariants; hoist.h splits the program there).
+  bool invariant = false;
   int line = 0;                       // 1-based line in the text, for messages
 };
 

@@ -12,7 +12,6 @@ that fails is a warning.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -52,7 +51,7 @@ def _split_tiling_text(kernel: Kernel) -> str:
     if kernel.split2 is not None:  # the column schedule: [outer, mid (reduced), inner]
         what = (f"axes [{kernel.split}, {kernel.split2}) reduced" if program.has_reduction else
                 f"3-level broadcast, mid axes [{kernel.split}, {kernel.split2}), inputs {kernel.patterns}")
-        lines = [f"# tiling data ({', '.join(n for _, n in tiling.COLUMN_FIELDS)}); {what}"]
+        lines = [f"# tiling data ({', '.join(n for _, n in tiling.ColumnTiling.fields())}); {what}"]
         dims = [kernel.column_dims(shape)] if shape else [(1, 1000, 64), (8, 300, 60), (1, 64, 30001)]
         if not shape:
             lines.append("# the shape is known at run time; examples of (outer, mid, inner)")
@@ -62,7 +61,7 @@ def _split_tiling_text(kernel: Kernel) -> str:
                                           rows=not program.has_reduction)
                 lines.append(f"outer={outer} mid={mid} inner={inner} cores={cores}: {t.as_dict()}")
         return "\n".join(lines) + "\n"
-    fields = tiling.BCAST_FIELDS
+    fields = tiling.BcastTiling.fields()
     lines = [f"# tiling data ({', '.join(n for _, n in fields)}); {kernel.patterns} split at axis {kernel.split}"]
     pairs = [kernel.outer_inner(shape)] if shape else [(1, 1000), (64, 192), (1000, 30001)]
     if not shape:
@@ -79,7 +78,7 @@ def _tiling_text(kernel: Kernel) -> str:
         return _split_tiling_text(kernel)
     total = _static_total(kernel)
     totals = [total] if total is not None else list(EXAMPLE_TOTALS)
-    lines = [f"# tiling data ({', '.join(n for _, n in tiling.TILING_FIELDS)})",
+    lines = [f"# tiling data ({', '.join(n for _, n in tiling.Tiling.fields())})",
              f"# {'static size' if total is not None else 'the size is known at run time; examples'}"]
     for t in totals:
         for cores in CORE_NUMS:

@@ -1,9 +1,11 @@
 """The codegen's reading of a fused program (docs/PROGRAM.md).
 
-The text is parsed and checked by `tf_autofuse.rewriter.program.parse`, the one parser of the
-project (a program it refuses is refused here too, with its reason). This module only flattens
-the result into what the generator looks at: every input's view, every instruction's dtypes and
-whether its value is reduced, and the outputs.
+The text is parsed and checked by `tf_autofuse.rewriter.program.parse`, the one Python parser
+of the project, which refuses what the CPU kernel's parser refuses (a program it refuses is
+refused here too, with its reason). This module only flattens the result, with what the parser
+derives (value and operand dtypes, reduced values and inputs), into what the generator looks at:
+every input's view, every instruction's dtypes and whether its value is reduced, and the
+outputs.
 """
 
 from __future__ import annotations
@@ -83,29 +85,17 @@ def load(text: str) -> Program:
     """Read program text; ValueError naming the line when it is not a program."""
     parsed = _program.parse(text)
     value_dtypes = parsed.value_dtypes()
-    inputs = tuple(Input(d.dtype, d.shape, d.view if d.view is not None else d.shape)
-                   for d in parsed.inputs)
-    axes = parsed.reduce_axes()
+    inputs = tuple(Input(d.dtype, d.shape, parsed.read_shape(k))
+                   for k, d in enumerate(parsed.inputs))
     reduced_inputs = ()
-    if axes is not None:  # the rule of program.py's checker and the C++ parser
-        rank = max([len(i.view) for i in inputs if i.view is not None] + [max(axes) + 1])
-        reduced_inputs = tuple(
-            i.view is not None and all(((1,) * (rank - len(i.view)) + tuple(i.view))[a] == 1
-                                       for a in axes)
-            for i in inputs)
+    if parsed.reduce_axes() is not None:
+        reduced_inputs = tuple(parsed.is_reduced(_program.In(k)) for k in range(len(inputs)))
     insts = []
     for k, inst in enumerate(parsed.instructions):
         refs = [o for o in inst.operands if isinstance(o, Ref)]
-        operand_dtype = (inputs[refs[-1].index].dtype if refs[-1].kind == "in"
-                         else insts[refs[-1].index].dtype)
-        if inst.op in REDUCTIONS:
-            reduced = reduced_shape = True
-        else:
-            reduced = all(r.kind == "%" and insts[r.index].reduced for r in refs)
-            reduced_shape = axes is not None and all(
-                insts[r.index].reduced_shape if r.kind == "%" else reduced_inputs[r.index]
-                for r in refs)
+        reduced = inst.op in REDUCTIONS or all(r.kind == "%" and insts[r.index].reduced
+                                               for r in refs)
         insts.append(Inst(inst.op, tuple(inst.operands), dict(inst.attrs), value_dtypes[k],
-                          operand_dtype, reduced, reduced_shape))
+                          parsed.operand_dtype(k), reduced, parsed.is_reduced(_program.Val(k))))
     outputs = tuple(Output(ref, view) for ref, view in zip(parsed.outputs, parsed.output_views))
     return Program(text, inputs, tuple(insts), outputs, reduced_inputs)

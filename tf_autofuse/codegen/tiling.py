@@ -17,19 +17,6 @@ UB_BUDGET = UB_BYTES - UB_RESERVED_BYTES
 ALIGN_ELEMS = 128  # tile and core shares are multiples of this: 32 B of any dtype, 256 B of f16
 BUFFER_NUM = 2  # double buffering of every queue
 
-TILING_FIELDS = (  # (C type, name) in struct order; 48 bytes, no padding
-    ("uint64_t", "totalLength"),
-    ("uint64_t", "blockLength"),
-    ("uint64_t", "lastBlockLength"),
-    ("uint32_t", "blockDim"),
-    ("uint32_t", "tileLength"),
-    ("uint32_t", "tileNum"),
-    ("uint32_t", "tailLength"),
-    ("uint32_t", "lastTileNum"),
-    ("uint32_t", "lastTailLength"),
-)
-
-
 @dataclasses.dataclass(frozen=True)
 class UbPlan:
     """What one tile element costs in UB, and the largest tile that fits."""
@@ -60,20 +47,40 @@ def plan_ub(buffers, fixed: int = 0) -> UbPlan:
     return UbPlan(buffers, per_elem, tile, fixed)
 
 
-@dataclasses.dataclass(frozen=True)
-class Tiling:
-    totalLength: int
-    blockLength: int
-    lastBlockLength: int
-    blockDim: int
-    tileLength: int
-    tileNum: int
-    tailLength: int
-    lastTileNum: int
-    lastTailLength: int
+def _u64():
+    return dataclasses.field(metadata={"ctype": "uint64_t"})
+
+
+def _u32():
+    return dataclasses.field(metadata={"ctype": "uint32_t"})
+
+
+class TilingData:
+    """A tiling struct as the host fills it and the kernel reads it: its dataclass fields, in
+    struct order, each with its C type (`fields`)."""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def fields(cls) -> tuple:
+        """(C type, name) of each field, in struct order."""
+        return tuple((f.metadata["ctype"], f.name) for f in dataclasses.fields(cls))
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling(TilingData):
+    """The flat schedule; 48 bytes, no padding."""
+
+    totalLength: int = _u64()
+    blockLength: int = _u64()
+    lastBlockLength: int = _u64()
+    blockDim: int = _u32()
+    tileLength: int = _u32()
+    tileNum: int = _u32()
+    tailLength: int = _u32()
+    lastTileNum: int = _u32()
+    lastTailLength: int = _u32()
 
 
 def _ceil(a: int, b: int) -> int:
@@ -100,44 +107,72 @@ def compute(total: int, core_num: int, max_tile: int) -> Tiling:
     return Tiling(total, block_len, last_len, block_dim, tile, tile_num, tail, last_num, last_tail)
 
 
-BCAST_FIELDS = (  # the broadcast schedule: tiles are chunks of one row of the [outer, inner] view
-    ("uint64_t", "outer"),
-    ("uint64_t", "inner"),
-    ("uint64_t", "tilesPerRow"),
-    ("uint64_t", "totalTiles"),
-    ("uint64_t", "tilesPerBlock"),
-    ("uint32_t", "blockDim"),
-    ("uint32_t", "tileLength"),
-)
+def _row_tiled(name: str, doc: str, dims: tuple):
+    """The tiling struct of a schedule whose tiles are chunks of rows: its `dims` (uint64_t),
+    then how the tiles are dealt (what _CPP_DEAL fills)."""
+    fields = [(dim, int, _u64()) for dim in dims] + [
+        ("tilesPerRow", int, _u64()), ("totalTiles", int, _u64()),
+        ("tilesPerBlock", int, _u64()), ("blockDim", int, _u32()), ("tileLength", int, _u32())]
+    cls = dataclasses.make_dataclass(name, fields, bases=(TilingData,), frozen=True)
+    cls.__doc__, cls.__module__ = doc, __name__
+    return cls
 
 
-@dataclasses.dataclass(frozen=True)
-class BcastTiling:
-    outer: int
-    inner: int
-    tilesPerRow: int
-    totalTiles: int
-    tilesPerBlock: int
-    blockDim: int
-    tileLength: int
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+BcastTiling = _row_tiled(
+    "BcastTiling", "The broadcast schedule: tiles are chunks of one row of the [outer, inner] view.",
+    ("outer", "inner"))
 
 
 def compute_bcast(outer: int, inner: int, core_num: int, max_tile: int, rows: bool = False) -> BcastTiling:
     """rows: blocks take whole rows (the reduce schedule)."""
     if outer <= 0 or inner <= 0 or core_num <= 0:
         return BcastTiling(max(outer, 0), max(inner, 0), 0, 0, 0, 0, max_tile)
-    tile = min(max_tile, _ceil(inner, ALIGN_ELEMS) * ALIGN_ELEMS)
-    per_row = _ceil(inner, tile)
+    tile, per_row = _row_tiles(inner, max_tile)
     total = outer * per_row
     if rows:
         per_block = _ceil(outer, min(core_num, outer)) * per_row
     else:
         per_block = _ceil(total, min(core_num, total))
-    block_dim = _ceil(total, per_block)
-    return BcastTiling(outer, inner, per_row, total, per_block, block_dim, tile)
+    return BcastTiling(outer, inner, per_row, total, per_block, _ceil(total, per_block), tile)
+
+
+def _row_tiles(inner: int, max_tile: int) -> tuple:
+    """(tile, tiles a row) when tiles are chunks of rows of `inner` elements: the UB maximum, or
+    the row rounded up to ALIGN_ELEMS."""
+    tile = min(max_tile, _ceil(inner, ALIGN_ELEMS) * ALIGN_ELEMS)
+    return tile, _ceil(inner, tile)
+
+
+def _cpp_constants(kernel: str, max_tile: int) -> str:
+    """The alignment and UB tile of a kernel's host tiling function."""
+    return (f"static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};\n"
+            f"static const uint32_t {kernel}_MAX_TILE = {max_tile};  "
+            "// from the UB budget, see the kernel header\n")
+
+
+def _cpp_max_tile(kernel: str) -> str:
+    """The first lines of a tiling function: the alignment, and the tile a test may force."""
+    return (f"  const uint64_t align = {kernel}_ALIGN;\n"
+            f"  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;\n")
+
+
+# A row-tiled schedule's struct before anything is known (broadcast, column); 1 for no core.
+_CPP_NO_TILES = """\
+  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
+  t->blockDim = 0;
+  t->tileLength = static_cast<uint32_t>(max_tile);
+  if (core_num == 0) return 1;
+"""
+# ... and its end: `total` tiles of `per_row` a row, `per_block` a block.
+_CPP_DEAL = """\
+  t->tileLength = static_cast<uint32_t>(tile);
+  t->tilesPerRow = per_row;
+  t->totalTiles = total;
+  t->tilesPerBlock = per_block;
+  t->blockDim = static_cast<uint32_t>((total + per_block - 1) / per_block);
+  return 0;
+}
+"""
 
 
 def cpp_bcast_function(kernel: str, struct: str, max_tile: int, rows: bool = False) -> str:
@@ -149,60 +184,41 @@ def cpp_bcast_function(kernel: str, struct: str, max_tile: int, rows: bool = Fal
         split = ("  uint64_t block_dim = total < core_num ? total : core_num;\n"
                  "  uint64_t per_block = (total + block_dim - 1) / block_dim;")
     return f"""\
-static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
-static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
-
+{_cpp_constants(kernel, max_tile)}
 // Tiles are chunks of one row of the [outer, inner] iteration view (the tile: the UB maximum, or
 // the row rounded up to {ALIGN_ELEMS}); the outer x tilesPerRow tiles are dealt to at most core_num
 // blocks in equal runs. tile_override != 0 forces the tile (tests).
 extern "C" int {kernel}_tiling(uint64_t outer, uint64_t inner, uint32_t core_num,
                                uint32_t tile_override, {struct}* t) {{
-  const uint64_t align = {kernel}_ALIGN;
-  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
-  t->outer = outer;
+{_cpp_max_tile(kernel)}  t->outer = outer;
   t->inner = inner;
-  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
-  t->blockDim = 0;
-  t->tileLength = static_cast<uint32_t>(max_tile);
-  if (core_num == 0) return 1;
-  if (outer == 0) return 0;
+{_CPP_NO_TILES}  if (outer == 0) return 0;
   if (inner == 0) return {2 if rows else 0};  // an empty reduction gives identities: the CPU path
   uint64_t row = (inner + align - 1) / align * align;
   uint64_t tile = max_tile < row ? max_tile : row;
   uint64_t per_row = (inner + tile - 1) / tile;
   uint64_t total = outer * per_row;
 {split}
-  t->tileLength = static_cast<uint32_t>(tile);
-  t->tilesPerRow = per_row;
-  t->totalTiles = total;
-  t->tilesPerBlock = per_block;
-  t->blockDim = static_cast<uint32_t>((total + per_block - 1) / per_block);
-  return 0;
-}}
-"""
+{_CPP_DEAL}"""
 
 
 def cpp_struct(name: str, bcast: bool = False, column: bool = False) -> str:
     fields = "\n".join(f"  {ctype} {field};" for ctype, field in
-                       (COLUMN_FIELDS if column else BCAST_FIELDS if bcast else TILING_FIELDS))
+                       (ColumnTiling if column else BcastTiling if bcast else Tiling).fields())
     return f"struct {name} {{\n{fields}\n}};\n"
 
 
 def cpp_function(kernel: str, struct: str, max_tile: int) -> str:
     """`int KERNEL_tiling(total, core_num, tile_override, out)`: 0, or 1 for a bad argument."""
     return f"""\
-static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
-static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
-
+{_cpp_constants(kernel, max_tile)}
 // Picks the block count (at most core_num, at least {ALIGN_ELEMS} elements a core), each core's
 // share (a multiple of {ALIGN_ELEMS}; the last core takes the rest), the tile (the UB maximum, or
 // less for small shares) and the tail tile of each kind of core. tile_override != 0 forces the
 // tile (tests).
 extern "C" int {kernel}_tiling(uint64_t total, uint32_t core_num, uint32_t tile_override,
                                {struct}* t) {{
-  const uint64_t align = {kernel}_ALIGN;
-  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
-  t->totalLength = total;
+{_cpp_max_tile(kernel)}  t->totalLength = total;
   t->blockLength = t->lastBlockLength = 0;
   t->blockDim = t->tileNum = t->tailLength = t->lastTileNum = t->lastTailLength = 0;
   t->tileLength = static_cast<uint32_t>(max_tile);
@@ -226,31 +242,9 @@ extern "C" int {kernel}_tiling(uint64_t total, uint32_t core_num, uint32_t tile_
 """
 
 
-COLUMN_FIELDS = (  # the column schedule: the iteration shape as [outer, mid (reduced), inner]
-    ("uint64_t", "outer"),
-    ("uint64_t", "mid"),
-    ("uint64_t", "inner"),
-    ("uint64_t", "tilesPerRow"),
-    ("uint64_t", "totalTiles"),
-    ("uint64_t", "tilesPerBlock"),
-    ("uint32_t", "blockDim"),
-    ("uint32_t", "tileLength"),
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class ColumnTiling:
-    outer: int
-    mid: int
-    inner: int
-    tilesPerRow: int
-    totalTiles: int
-    tilesPerBlock: int
-    blockDim: int
-    tileLength: int
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+ColumnTiling = _row_tiled(
+    "ColumnTiling", "The column schedule: the iteration shape as [outer, mid (reduced), inner].",
+    ("outer", "mid", "inner"))
 
 
 def compute_column(outer: int, mid: int, inner: int, core_num: int, max_tile: int,
@@ -260,15 +254,13 @@ def compute_column(outer: int, mid: int, inner: int, core_num: int, max_tile: in
     if outer <= 0 or inner <= 0 or mid <= 0 or core_num <= 0:
         return ColumnTiling(max(outer, 0), max(mid, 0), max(inner, 0), 0, 0, 0, 0, max_tile)
     if rows:
-        tile = min(max_tile, _ceil(inner, ALIGN_ELEMS) * ALIGN_ELEMS)
-        per_row = _ceil(inner, tile)
+        tile, per_row = _row_tiles(inner, max_tile)
         total = outer * mid * per_row
-        per_block = _ceil(total, min(core_num, total))
-        return ColumnTiling(outer, mid, inner, per_row, total, per_block, _ceil(total, per_block), tile)
-    want = _ceil(core_num, outer)  # chunks a row so that every core gets an item, when it can
-    tile = min(max_tile, _ceil(_ceil(inner, want), ALIGN_ELEMS) * ALIGN_ELEMS)
-    per_row = _ceil(inner, tile)
-    total = outer * per_row
+    else:
+        want = _ceil(core_num, outer)  # chunks a row so that every core gets an item, when it can
+        tile = min(max_tile, _ceil(_ceil(inner, want), ALIGN_ELEMS) * ALIGN_ELEMS)
+        per_row = _ceil(inner, tile)
+        total = outer * per_row
     per_block = _ceil(total, min(core_num, total))
     return ColumnTiling(outer, mid, inner, per_row, total, per_block, _ceil(total, per_block), tile)
 
@@ -306,27 +298,12 @@ def cpp_column_function(kernel: str, struct: str, max_tile: int, rows: bool = Fa
   uint64_t total = outer * per_row;
 """
     return f"""\
-static const uint32_t {kernel}_ALIGN = {ALIGN_ELEMS};
-static const uint32_t {kernel}_MAX_TILE = {max_tile};  // from the UB budget, see the kernel header
-
+{_cpp_constants(kernel, max_tile)}
 {comment}extern "C" int {kernel}_tiling(uint64_t outer, uint64_t mid, uint64_t inner, uint32_t core_num,
                                uint32_t tile_override, {struct}* t) {{
-  const uint64_t align = {kernel}_ALIGN;
-  uint64_t max_tile = tile_override ? tile_override : {kernel}_MAX_TILE;
-  t->outer = outer;
+{_cpp_max_tile(kernel)}  t->outer = outer;
   t->mid = mid;
   t->inner = inner;
-  t->tilesPerRow = t->totalTiles = t->tilesPerBlock = 0;
-  t->blockDim = 0;
-  t->tileLength = static_cast<uint32_t>(max_tile);
-  if (core_num == 0) return 1;
-{split}  uint64_t block_dim = total < core_num ? total : core_num;
+{_CPP_NO_TILES}{split}  uint64_t block_dim = total < core_num ? total : core_num;
   uint64_t per_block = (total + block_dim - 1) / block_dim;
-  t->tileLength = static_cast<uint32_t>(tile);
-  t->tilesPerRow = per_row;
-  t->totalTiles = total;
-  t->tilesPerBlock = per_block;
-  t->blockDim = static_cast<uint32_t>((total + per_block - 1) / per_block);
-  return 0;
-}}
-"""
+{_CPP_DEAL}"""

@@ -29,28 +29,21 @@ class TwinError(RuntimeError):
     """The twin caught generated code breaking a hardware rule (or the launch failed)."""
 
 
-class _Tiling(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64 if ctype == "uint64_t" else ctypes.c_uint32)
-                for ctype, name in _tiling.TILING_FIELDS]
+def _ctypes_struct(tiling_class):
+    """The ctypes mirror of a tiling struct (tiling.TilingData), and its reading back."""
+    ctypes_of = {"uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32}
 
-    def as_tiling(self) -> _tiling.Tiling:
-        return _tiling.Tiling(**{name: getattr(self, name) for _, name in _tiling.TILING_FIELDS})
+    class Struct(ctypes.Structure):
+        _fields_ = [(name, ctypes_of[ctype]) for ctype, name in tiling_class.fields()]
 
+        def as_tiling(self):
+            return tiling_class(**{name: getattr(self, name) for name, _ in self._fields_})
 
-class _BcastTiling(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64 if ctype == "uint64_t" else ctypes.c_uint32)
-                for ctype, name in _tiling.BCAST_FIELDS]
-
-    def as_tiling(self) -> _tiling.BcastTiling:
-        return _tiling.BcastTiling(**{name: getattr(self, name) for _, name in _tiling.BCAST_FIELDS})
+    return Struct
 
 
-class _ColumnTiling(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64 if ctype == "uint64_t" else ctypes.c_uint32)
-                for ctype, name in _tiling.COLUMN_FIELDS]
-
-    def as_tiling(self) -> _tiling.ColumnTiling:
-        return _tiling.ColumnTiling(**{name: getattr(self, name) for _, name in _tiling.COLUMN_FIELDS})
+_Tiling, _BcastTiling, _ColumnTiling = (_ctypes_struct(c) for c in (
+    _tiling.Tiling, _tiling.BcastTiling, _tiling.ColumnTiling))
 
 
 def _tiling_struct(kernel: Kernel):
@@ -257,14 +250,19 @@ class TwinLibrary:
         kept = tuple(shape[:kernel.split]) + (1,) * (end - kernel.split) + tuple(shape[end:])
         return [o.reshape(kept if r else shape) for o, r in zip(outs, red)]
 
-    def run(self, name: str, inputs, core_num: int, tile_override: int = 0):
-        """(outputs, tiling) of one run of kernel `name`; TwinError on a broken rule."""
+    def _call(self, name: str, inputs):
+        """What a run and a launch of kernel `name` pass: (kernel, inputs, outputs, outer, inner,
+        shape, input pointers, output pointers, the tiling struct to fill, the error buffer)."""
         kernel = self.kernels[name]
         arrays, outs, outer, inner, shape = self._buffers(kernel, inputs)
         ins_p = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
         outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        t = _tiling_struct(kernel)
-        err = ctypes.create_string_buffer(4096)
+        return (kernel, arrays, outs, outer, inner, shape, ins_p, outs_p, _tiling_struct(kernel),
+                ctypes.create_string_buffer(4096))
+
+    def run(self, name: str, inputs, core_num: int, tile_override: int = 0):
+        """(outputs, tiling) of one run of kernel `name`; TwinError on a broken rule."""
+        kernel, _, outs, outer, inner, shape, ins_p, outs_p, t, err = self._call(name, inputs)
         fn = getattr(self.lib, f"{name}_twin_run")
         fn.restype = ctypes.c_int
         rest = kernel.column_dims(shape)[2] if kernel.split2 is not None else 0
@@ -277,12 +275,8 @@ class TwinLibrary:
 
     def launch(self, name: str, inputs, core_num: int = 0, symbol: str = None):
         """Run through the ACL launcher and the stand-in runtime: (outputs, tiling)."""
-        kernel = self.kernels[name]
-        arrays, outs, outer, inner, shape = self._buffers(kernel, inputs)
-        ins_p = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
-        outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        t = _tiling_struct(kernel)
-        err = ctypes.create_string_buffer(4096)
+        kernel, arrays, outs, outer, inner, shape, ins_p, outs_p, t, err = self._call(name,
+                                                                                        inputs)
         dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
         counts = (ctypes.c_uint64 * max(1, len(arrays)))(*[a.size for a in arrays])
         args = _LaunchArgs(1, 0, None, core_num, outer * inner, len(arrays),

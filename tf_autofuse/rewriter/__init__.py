@@ -10,6 +10,7 @@
     unfold.py     TensorFlow's fused elementwise nodes (oneDNN's _MklSwish) read as their ops
     lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
     output_views.py  a Reshape (Squeeze, ExpandDims) of a fused output stored as its view
+    passes.py     the IR passes (simplify, hoist) every kernel's program gets before printing
     scope.py      disable_autofuse(): the attr that keeps nodes out of every fusion
     naming.py     autofuse_<kind>_<n>_<Op>_<Op>...
     errors.py     what an unexpected exception becomes (a group's refusal, or AutofuseError)
@@ -24,7 +25,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 from tensorflow.core.framework import graph_pb2
 
 from .._warn import warn_once
-from . import catalog, cost, errors
+from . import catalog, cost, errors, passes
 from .errors import AutofuseError
 from .graph import GraphView, Shape, node_name
 from .lower import Unfusible, build, keeps_name, reads_view_node
@@ -131,7 +132,7 @@ def rewrite(
 def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, shapes,
              patterns: tuple) -> Rewrite:
     """rewrite() in its phases: unfold, epilogues, claim patterns, partition, plan
-    recomputation, lower, splice, refold."""
+    recomputation, lower (and the IR passes), output views, splice, refold."""
     feeds = policy.feeds
 
     def unchanged() -> graph_pb2.GraphDef:  # a copy, made only when nothing is fused
@@ -201,6 +202,8 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
 
     def add(kind: str, suffix, members: tuple, device: str, lowered) -> None:
         name = namer.name(kind, suffix)
+        # the one place the IR passes run: every backend reads the program they leave
+        lowered = dataclasses.replace(lowered, program=passes.optimize(lowered.program))
         keep = frozenset(m for m in members if keeps_name(view, m, preserve))
         plans.append(Planned(name, members, device, lowered, keep))
         fusions.append(Fusion(name, "pattern" if kind == "pattern" else lowered.kind,

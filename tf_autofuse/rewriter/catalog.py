@@ -3,9 +3,10 @@
 Each entry says what the partitioner needs (TF op types, kind, arity, dtypes), what the
 program text calls it (`ir_name`, see docs/PROGRAM.md), a numpy reference used as the golden
 result in tests (float64 capable), its cost on a CPU core, and algebraic facts the passes use
-(transcendental, never negative). The partitioner, the cost models and the program printer read
-this table; the C++ kernel's OpCode enum and op table are generated from it when the library is
-built (catalog_cc.py), and the Ascend generator's op map (codegen/opmap.py) is checked against it.
+(transcendental, never negative). The partitioner, the cost models, the IR passes and the
+program printer read this table; the C++ kernel's OpCode enum and op table are generated from
+it when the library is built (catalog_cc.py), and the Ascend generator's op map
+(codegen/opmap.py) is checked against it.
 
 Adding an op: a row here, its kernel body in the CPU interpreter (cc/cpu/ops.h and its entry in
 CpuKernelsOf, or `cpu_refusal` here), and its Ascend C mapping or stated refusal in opmap.py.
@@ -59,14 +60,17 @@ class OpSpec:
     attrs: frozenset = frozenset()  # attr keys the program text gives it (axes=, to=, alpha=)
     result: str = "same"  # the result dtype: "same", "bool", or "to" (the to= attr)
     roles: tuple = ()  # per operand "data" or "bool" (Select's condition); () all data
-    # Rough CPU cycles per fp32 element on one core (the CPU kernel's thread-pool estimate, which
-    # its own timing refines: right within ~2x is enough). f64 transcendentals cost 8x more.
+    # What one fp32 element costs on a CPU core, in cheap ops (add, mul, abs: 1), as the CPU
+    # kernel computes it: the one cost figure of an op, read by the rewriter's cost models
+    # (cost.py) and the kernel's thread-pool estimate (which its own timing refines), both through
+    # element_cost. Right within ~2x is enough; scripts/op_costs.py measures it.
     cost: int = 1
     # Evaluates an exp, log, trigonometric or hyperbolic function (or one built on them) per
-    # element: what the cost models count as expensive (cost.py).
+    # element: an op the compute_density model never repeats (cost.py), and one that f64
+    # computes with the C library's scalar function (element_cost).
     transcendental: bool = False
     # Its float value is never below -0 (or is NaN), whatever the operands: a Relu of it is the
-    # value itself (the C++ simplifier drops such a Relu).
+    # value itself (the simplify pass, passes.py, drops such a Relu).
     never_negative: bool = False
     # Why the CPU kernel does not run it (the partitioner refuses it with this reason); None: the
     # interpreter has a kernel for it, which the build checks.
@@ -159,46 +163,47 @@ OPS: tuple[OpSpec, ...] = (
     _spec("Relu", "Relu", 1, FLOAT_I32, lambda x: np.maximum(x, x.dtype.type(0)),
           never_negative=True),
     _spec("Relu6", "Relu6", 1, FLOAT_I32,
-          lambda x: np.minimum(np.maximum(x, 0), 6).astype(x.dtype), never_negative=True),
+          lambda x: np.minimum(np.maximum(x, 0), 6).astype(x.dtype), cost=3, never_negative=True),
     _spec("Elu", "Elu", 1, FLOAT, lambda x: np.where(x < 0, np.expm1(x), x),
-          cost=7, transcendental=True),
+          cost=30, transcendental=True),
     _spec("Selu", "Selu", 1, FLOAT,
           lambda x: np.where(x < 0, _SELU_SCALE * _SELU_ALPHA * np.expm1(x),
                              _SELU_SCALE * x).astype(x.dtype),
-          cost=7, transcendental=True),
-    _spec("Exp", "Exp", 1, FLOAT, np.exp, cost=2, transcendental=True, never_negative=True),
-    _spec("Expm1", "Expm1", 1, FLOAT, np.expm1, cost=8, transcendental=True),
-    _spec("Log", "Log", 1, FLOAT, np.log, cost=3, transcendental=True),
-    _spec("Log1p", "Log1p", 1, FLOAT, np.log1p, cost=4, transcendental=True),
-    _spec("Sqrt", "Sqrt", 1, FLOAT, np.sqrt),
-    _spec("Rsqrt", "Rsqrt", 1, FLOAT, lambda x: 1 / np.sqrt(x)),
+          cost=30, transcendental=True),
+    _spec("Exp", "Exp", 1, FLOAT, np.exp, cost=4, transcendental=True, never_negative=True),
+    _spec("Expm1", "Expm1", 1, FLOAT, np.expm1, cost=28, transcendental=True),
+    _spec("Log", "Log", 1, FLOAT, np.log, cost=11, transcendental=True),
+    _spec("Log1p", "Log1p", 1, FLOAT, np.log1p, cost=15, transcendental=True),
+    _spec("Sqrt", "Sqrt", 1, FLOAT, np.sqrt, cost=3),
+    _spec("Rsqrt", "Rsqrt", 1, FLOAT, lambda x: 1 / np.sqrt(x), cost=3),
     _spec("Square", "Square", 1, FLOAT_I32, lambda x: x * x, never_negative=True),
-    _spec(("Reciprocal", "Inv"), "Reciprocal", 1, FLOAT, lambda x: 1 / x),
+    _spec(("Reciprocal", "Inv"), "Reciprocal", 1, FLOAT, lambda x: 1 / x, cost=2),
     _spec("Sigmoid", "Sigmoid", 1, FLOAT, _sigmoid,
-          cost=3, transcendental=True, never_negative=True),
-    _spec("Tanh", "Tanh", 1, FLOAT, np.tanh, transcendental=True),
+          cost=8, transcendental=True, never_negative=True),
+    _spec("Tanh", "Tanh", 1, FLOAT, np.tanh, cost=4, transcendental=True),
     _spec("Softplus", "Softplus", 1, FLOAT, lambda x: np.logaddexp(x.dtype.type(0), x),
-          cost=8, transcendental=True),
-    _spec("Softsign", "Softsign", 1, FLOAT, lambda x: x / (1 + np.abs(x))),
-    _spec("Sign", "Sign", 1, FLOAT_I32, np.sign),
+          cost=30, transcendental=True),
+    _spec("Softsign", "Softsign", 1, FLOAT, lambda x: x / (1 + np.abs(x)), cost=4),
+    _spec("Sign", "Sign", 1, FLOAT_I32, np.sign, cost=2),
     _spec("Floor", "Floor", 1, FLOAT, np.floor),
     _spec("Ceil", "Ceil", 1, FLOAT, np.ceil),
     _spec("Round", "Round", 1, FLOAT, np.round),  # numpy rounds half to even, as TF does
-    _spec("Erf", "Erf", 1, FLOAT, _erf_ref, transcendental=True),
-    _spec("Erfc", "Erfc", 1, FLOAT, _erfc_ref, cost=4, never_negative=True),
-    _spec("Sin", "Sin", 1, FLOAT, np.sin, cost=3, transcendental=True),
-    _spec("Cos", "Cos", 1, FLOAT, np.cos, cost=3, transcendental=True),
+    _spec("Erf", "Erf", 1, FLOAT, _erf_ref, cost=5, transcendental=True),
+    _spec("Erfc", "Erfc", 1, FLOAT, _erfc_ref, cost=11, transcendental=True,
+          never_negative=True),
+    _spec("Sin", "Sin", 1, FLOAT, np.sin, cost=9, transcendental=True),
+    _spec("Cos", "Cos", 1, FLOAT, np.cos, cost=9, transcendental=True),
     _spec(("AddV2", "Add"), "Add", 2, FLOAT_I32, np.add),
     _spec("Sub", "Sub", 2, FLOAT_I32, np.subtract),
     _spec("Mul", "Mul", 2, FLOAT_I32, np.multiply),
-    _spec("RealDiv", "Div", 2, FLOAT, np.divide),
-    _spec("Maximum", "Maximum", 2, FLOAT_I32, np.maximum),
-    _spec("Minimum", "Minimum", 2, FLOAT_I32, np.minimum),
+    _spec("RealDiv", "Div", 2, FLOAT, np.divide, cost=4),
+    _spec("Maximum", "Maximum", 2, FLOAT_I32, np.maximum, cost=2),
+    _spec("Minimum", "Minimum", 2, FLOAT_I32, np.minimum, cost=2),
     _spec("SquaredDifference", "SquaredDifference", 2, FLOAT_I32, lambda x, y: (x - y) * (x - y)),
-    _spec("Tan", "Tan", 1, FLOAT, np.tan, cost=45, transcendental=True),
-    _spec("Atan", "Atan", 1, FLOAT, np.arctan, cost=26, transcendental=True),
-    _spec("Sinh", "Sinh", 1, FLOAT, np.sinh, cost=58, transcendental=True),
-    _spec("Cosh", "Cosh", 1, FLOAT, np.cosh, cost=58, transcendental=True),
+    _spec("Tan", "Tan", 1, FLOAT, np.tan, cost=280, transcendental=True),
+    _spec("Atan", "Atan", 1, FLOAT, np.arctan, cost=160, transcendental=True),
+    _spec("Sinh", "Sinh", 1, FLOAT, np.sinh, cost=250, transcendental=True),
+    _spec("Cosh", "Cosh", 1, FLOAT, np.cosh, cost=120, transcendental=True),
     _spec("IsNan", "IsNan", 1, FLOAT, np.isnan, result="bool"),
     _spec("IsInf", "IsInf", 1, FLOAT, np.isinf, result="bool"),
     _spec("IsFinite", "IsFinite", 1, FLOAT, np.isfinite, result="bool"),
@@ -209,9 +214,9 @@ OPS: tuple[OpSpec, ...] = (
     _spec("LeakyRelu", "LeakyRelu", 1, FLOAT,
           lambda x, alpha: np.where(x < 0, x * x.dtype.type(alpha), x).astype(x.dtype),
           attrs=frozenset({"alpha"})),
-    _spec("Pow", "Pow", 2, FLOAT, np.power, cost=19, transcendental=True),
-    _spec("FloorDiv", "FloorDiv", 2, FLOAT, lambda x, y: np.floor(x / y), cost=2),
-    _spec("FloorMod", "FloorMod", 2, FLOAT, _floormod, cost=3),
+    _spec("Pow", "Pow", 2, FLOAT, np.power, cost=120, transcendental=True),
+    _spec("FloorDiv", "FloorDiv", 2, FLOAT, lambda x, y: np.floor(x / y), cost=4),
+    _spec("FloorMod", "FloorMod", 2, FLOAT, _floormod, cost=70),
     _spec("Greater", "Greater", 2, FLOAT_I32, np.greater, result="bool"),
     _spec("GreaterEqual", "GreaterEqual", 2, FLOAT_I32, np.greater_equal, result="bool"),
     _spec("Less", "Less", 2, FLOAT_I32, np.less, result="bool"),
@@ -757,6 +762,11 @@ def tf_op(op_type: str) -> Optional[TfOp]:
 # --- static shapes ----------------------------------------------------------------------------
 
 
+def fully_known(shape) -> bool:
+    """A known rank and every size known (no -1 for unknown, no symbol below it)."""
+    return shape is not None and all(d >= 0 for d in shape)
+
+
 def broadcast_dim(a: int, b: int) -> Optional[int]:
     """numpy's rule on two sizes (-1 unknown, <= -2 symbolic); None when it cannot be told.
 
@@ -899,24 +909,33 @@ def output_shape(node, inputs, shapes, const_of):
         return None
 
 
-# --- cost weights (read by cost.py, the partitioner's cost models) ----------------------------
+# --- costs (read by cost.py and, through catalog_cc.py, by the CPU kernel) ---------------------
 
-# What one element of a transcendental op costs the rewriter's cost models, in cheap ops (add,
-# mul, compare...) on a CPU core.
-EXPENSIVE_WEIGHT = 8
-
-
-def _ir_weight(ir_name: str) -> int:
-    return EXPENSIVE_WEIGHT if _BY_IR_NAME[ir_name].transcendental else 1
+# What an f64 element of a transcendental op costs at least, in cheap ops: f64 calls the C
+# library's scalar function (within an ulp) where fp32 evaluates a vectorised approximation.
+F64_SCALAR_COST = 100
 
 
-def op_weight(op_type: str) -> int:
-    """Rough cost of one element of a TF op type, in cheap ops: the weights of the IR ops it
-    lowers to (1 for add, mul, abs, ...; EXPENSIVE_WEIGHT for a transcendental)."""
+def element_cost(spec: OpSpec, dtype: int) -> int:
+    """What one element of `spec` computed in `dtype` costs on a CPU core, in cheap ops: the
+    table's fp32 cost; f64 vectors hold half as many lanes, and an f64 transcendental is a scalar
+    call. 16-bit types compute in fp32. The one rule of both cost models (cost.py, and the CPU
+    kernel's through op_table.inc)."""
+    if dtype != types_pb2.DT_DOUBLE:
+        return spec.cost
+    if spec.transcendental:
+        return max(2 * spec.cost, F64_SCALAR_COST)
+    return 2 * spec.cost
+
+
+def tf_op_cost(op_type: str, dtype: Optional[int]) -> int:
+    """What one element of a TF op type computed in `dtype` costs: the costs of the IR ops it
+    lowers to (ClipByValue: its Minimum, Maximum, Less and Select). 1 for an op the table does
+    not know."""
     entry = tf_op(op_type)
     if entry is None or not entry.ir_ops:
         return 1
-    return sum(_ir_weight(ir) for ir in entry.ir_ops)
+    return sum(element_cost(_BY_IR_NAME[ir], dtype) for ir in entry.ir_ops)
 
 
 def is_transcendental(op_type: str) -> bool:

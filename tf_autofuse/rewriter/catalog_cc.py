@@ -2,8 +2,8 @@
 
 `_build.py` writes `header_text()` as `op_table.inc` next to the objects it compiles (and keys
 its cache on it). program.h builds the OpCode enum from it, program.cc the OpInfo table (name,
-arity, dtypes, result, cost, facts), and the CPU interpreter checks at compile time that every
-op has a kernel for each dtype the table allows, or a stated refusal (cc/cpu/kernels.h).
+arity, dtypes, result, costs, CPU refusal), and the CPU interpreter checks at compile time that
+every op has a kernel for each dtype the table allows, or a stated refusal (cc/cpu/kernels.h).
 """
 
 from __future__ import annotations
@@ -52,6 +52,13 @@ def _c_string(text) -> str:
     return "nullptr" if text is None else json.dumps(text, ensure_ascii=True)
 
 
+def _cost(spec: catalog.OpSpec, dtype: int) -> int:
+    cost = catalog.element_cost(spec, dtype)
+    if not isinstance(cost, int) or cost < 1:
+        raise ValueError(f"{spec.ir_name}: a cost is an integer >= 1, got {cost!r}")
+    return cost
+
+
 def header_text(ops=None) -> str:
     ops = catalog.OPS if ops is None else ops
     names = [spec.ir_name for spec in ops]
@@ -64,15 +71,17 @@ def header_text(ops=None) -> str:
         "// The op table, generated from tf_autofuse/rewriter/catalog.py by catalog_cc.py when the",
         "// kernel library is built. Change the catalog, not this file.",
         "//",
-        "// TF_AUTOFUSE_OPS(X) calls X(Name, arity, dtype classes, result kind, cost,",
-        "// never_negative, cpu_refusal) once per op, in the catalog's order (the reductions last).",
+        "// TF_AUTOFUSE_OPS(X) calls X(Name, arity, dtype classes, result kind, cost, f64 cost,",
+        "// cpu_refusal) once per op, in the catalog's order (the reductions last): the costs are",
+        "// catalog.element_cost's for fp32 (and 16-bit) and for f64.",
         "",
         "#define TF_AUTOFUSE_OPS(X) \\",
     ]
     for spec in ops:
         lines.append(
             f"  X({spec.ir_name}, {spec.arity}, {_dtype_classes(spec)}, {_RESULTS[spec.result]}, "
-            f"{int(spec.cost)}, {'true' if spec.never_negative else 'false'}, "
+            f"{_cost(spec, catalog.types_pb2.DT_FLOAT)}, "
+            f"{_cost(spec, catalog.types_pb2.DT_DOUBLE)}, "
             f"{_c_string(spec.cpu_refusal)}) \\")
     lines += ["", f"#define TF_AUTOFUSE_FIRST_REDUCTION k{first_reduction}", ""]
     return "\n".join(lines)

@@ -8,11 +8,13 @@ recomputation_threshold, passes) are checked first and always hold.
 Every kernel (a fused group, or a TF op left alone) is estimated from static shapes:
 
   bytes      each distinct input read once plus each output written once (elements x dtype size)
-  work       sum over its ops of catalog.op_weight(op) x the elements the op is evaluated at. A
-             fused kernel evaluates every op over its whole iteration space (a [C] value used in
-             an [N,C] kernel is computed N*C times), except values after a reduction, computed on
-             the reduced shape. Unfused TensorFlow evaluates each op on its own output.
-  expensive  the number of element evaluations of transcendental ops (catalog: OpSpec)
+  work       sum over its ops of their cost (catalog.tf_op_cost: the op table's cost column, in
+             cheap ops, for the node's dtype, as the CPU kernel's estimate reads it) x the elements
+             the op is evaluated at. A fused kernel evaluates every op over its whole iteration
+             space (a [C] value used in an [N,C] kernel is computed N*C times), except values after
+             a reduction, computed on the reduced shape. Unfused TensorFlow evaluates each op on
+             its own output.
+  expensive  the number of element evaluations of transcendental ops (the table's fact)
   time       kernels x LAUNCH_NS + bytes x NS_PER_BYTE + work x NS_PER_OP (one CPU core)
 
 An unknown size counts as UNKNOWN_SIZE elements, a tensor of unknown rank as UNKNOWN_ELEMENTS.
@@ -44,7 +46,7 @@ from tensorflow.core.framework import types_pb2
 
 from . import catalog
 from .graph import GraphView
-from .lower import Lowered, compute_ops
+from .lower import Lowered, compute_dtype, compute_ops
 
 NONE = "none"
 MODELS = ("memory_bandwidth", "compute_density", "latency")
@@ -53,7 +55,7 @@ UNKNOWN_SIZE = 64
 UNKNOWN_ELEMENTS = 4096
 LAUNCH_NS = 2000.0  # fixed cost of running one kernel (TF executor overhead and scheduling)
 NS_PER_BYTE = 0.1  # 10 GB/s of memory traffic
-NS_PER_OP = 0.1  # one cheap op on one element (vectorised)
+NS_PER_OP = 0.1  # one cheap op (cost 1 in the op table) on one element, vectorised
 
 _DTYPE_BYTES = {types_pb2.DT_HALF: 2, types_pb2.DT_BFLOAT16: 2, types_pb2.DT_FLOAT: 4,
                 types_pb2.DT_DOUBLE: 8, types_pb2.DT_INT32: 4, types_pb2.DT_INT64: 8,
@@ -115,11 +117,18 @@ def estimate(view: GraphView, members: Iterable[str], lowered: Lowered) -> Estim
     work = expensive = 0.0
     for m in members:
         count = own[m] if m in after_reduce and own[m] < iteration else iteration
+        dtype = compute_dtype(view, m)
         for op in compute_ops(view, m):
-            work += catalog.op_weight(op) * count
+            work += catalog.tf_op_cost(op, dtype) * count
             if catalog.is_transcendental(op):
                 expensive += count
     return Estimate(total_bytes, work, expensive, 1)
+
+
+def _saves(new: float, old: float) -> bool:
+    """Whether `new` is below `old` by more than the rounding of their sums: estimates that
+    differ only there are a tie, which saves nothing (else float noise would decide it)."""
+    return new < old and not math.isclose(new, old, rel_tol=1e-9)
 
 
 def _us(ns: float) -> str:
@@ -128,14 +137,14 @@ def _us(ns: float) -> str:
 
 def merge_refusal(model: str, fused: Estimate, apart: Estimate) -> Optional[str]:
     """Why the cost model declines to make one kernel of two (`apart` is their sum), or None."""
-    if model == "memory_bandwidth" and fused.bytes >= apart.bytes:
+    if model == "memory_bandwidth" and not _saves(fused.bytes, apart.bytes):
         return (f"cost model memory_bandwidth: fusing saves no memory traffic "
                 f"({fused.bytes:.0f} bytes fused, {apart.bytes:.0f} apart)")
     if model == "compute_density" and fused.expensive > apart.expensive:
         return (f"cost model compute_density: the fused kernel would evaluate transcendental ops "
                 f"{fused.expensive:.0f} times instead of {apart.expensive:.0f} (broadcast into a "
                 f"larger iteration space)")
-    if model == "latency" and fused.time_ns >= apart.time_ns:
+    if model == "latency" and not _saves(fused.time_ns, apart.time_ns):
         return (f"cost model latency: estimated {_us(fused.time_ns)} fused, "
                 f"{_us(apart.time_ns)} apart")
     return None
@@ -145,7 +154,7 @@ def recompute_refusal(model: str, copies: Iterable[str], view: GraphView, before
                       after: Estimate) -> Optional[str]:
     """Why the cost model declines a recomputation of `copies`, or None. `before` and `after`
     estimate the recomputing group and the group owning the copies, without and with it."""
-    if model == "memory_bandwidth" and after.bytes >= before.bytes:
+    if model == "memory_bandwidth" and not _saves(after.bytes, before.bytes):
         return (f"cost model memory_bandwidth: recomputing saves no memory traffic "
                 f"({after.bytes:.0f} bytes with, {before.bytes:.0f} without)")
     if model == "compute_density":
@@ -154,7 +163,7 @@ def recompute_refusal(model: str, copies: Iterable[str], view: GraphView, before
         if expensive:
             return (f"cost model compute_density: recomputing would evaluate "
                     f"{', '.join(expensive)} twice")
-    if model == "latency" and after.time_ns >= before.time_ns:
+    if model == "latency" and not _saves(after.time_ns, before.time_ns):
         return (f"cost model latency: estimated {_us(after.time_ns)} recomputing, "
                 f"{_us(before.time_ns)} reading the other kernel's output")
     return None

@@ -321,7 +321,7 @@ class GraphView:
                 known = _merge_lists(known, recorded[name])
             # Own and propagated shapes are of output 0, and merge_shapes keeps a first
             # shape whose sizes are all known: then neither can change anything.
-            if not (known and _fully_known(known[0])):
+            if not (known and catalog.fully_known(known[0])):
                 # merging None changes nothing but a trailing None, which is dropped below
                 own = self._own_shape(node, op)
                 if own is not None:
@@ -386,11 +386,6 @@ class GraphView:
 def _may_propagate(op: str) -> bool:
     """Can _propagated_shape know the output shape of an `op` node from its inputs?"""
     return op in _SAME_SHAPE_OPS or catalog.tf_op(op) is not None or op == catalog.COMPOSITION_OP
-
-
-def _fully_known(shape: Shape) -> bool:
-    """A known rank and every size known (no -1, no symbol)."""
-    return shape is not None and all(d >= 0 for d in shape)
 
 
 def _merge_lists(first: list[Shape], second: list[Shape]) -> list[Shape]:

@@ -97,6 +97,11 @@ def compute_ops(view: GraphView, name: str) -> list:
     return [node.op] if catalog.tf_op(node.op) is not None else []
 
 
+def compute_dtype(view: GraphView, name: str) -> Optional[int]:
+    """The dtype a fusible node computes in (a Cast: its source type)."""
+    return _node_facts(view, name).compute
+
+
 def scalar_immediate(view: GraphView, tensor: Tensor, dtype: Optional[int],
                      feeds: AbstractSet[str] = frozenset()):
     """The Python value of a finite scalar Const of dtype `dtype`, or None (also for a Const

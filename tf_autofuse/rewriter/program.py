@@ -75,11 +75,17 @@ class Instruction:
     op: str
     operands: tuple  # of Operand
     attrs: tuple = ()  # of (key, value text): axes=[1,2], to=f32, alpha=0.2
+    # computed once a run over the small shape its inputs are read as, not once an element of
+    # the iteration shape (docs/PROGRAM.md, Invariants; passes.hoist decides)
+    invariant: bool = False
 
     def text(self, index: int) -> str:
         operands = ", ".join(_operand_text(o) for o in self.operands)
         attrs = "".join(f" {key}={value}" for key, value in self.attrs)
-        return f"%{index} = {self.op} {operands}{attrs}"
+        return f"%{index} = {self.op} {operands}{attrs}{INVARIANT_MARK if self.invariant else ''}"
+
+
+INVARIANT_MARK = " invariant"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +100,11 @@ class FusedProgram:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.output_views:
             object.__setattr__(self, "output_views", (None,) * len(self.outputs))
-        # checked once; the value dtypes are what the check derives
-        object.__setattr__(self, "_value_dtypes", tuple(_check(self)))
+        # checked once; the check derives the value dtypes and which values are reduced
+        dtypes, reduced, reduced_inputs = _check(self)
+        object.__setattr__(self, "_value_dtypes", tuple(dtypes))
+        object.__setattr__(self, "_reduced", tuple(reduced))
+        object.__setattr__(self, "_reduced_inputs", reduced_inputs)
 
     def lines(self) -> list[str]:
         return (
@@ -126,9 +135,29 @@ class FusedProgram:
         """The dtype of each instruction's result, in order."""
         return list(self._value_dtypes)
 
+    def is_reduced(self, ref: Ref) -> bool:
+        """Whether a value is reduced (a reduction, or computed from reduced values and
+        immediates only) or an input is read as one (1 along every reduced axis): it has the
+        reduced shape (docs/PROGRAM.md, Reductions)."""
+        return (self._reduced_inputs if ref.kind == "in" else self._reduced)[ref.index]
+
     def output_dtypes(self) -> list[str]:
-        values = self.value_dtypes()
-        return [self.inputs[r.index].dtype if r.kind == "in" else values[r.index] for r in self.outputs]
+        return [self.ref_dtype(r) for r in self.outputs]
+
+    def ref_dtype(self, ref: Ref) -> str:
+        """The dtype of an input or a value."""
+        return self.inputs[ref.index].dtype if ref.kind == "in" else self._value_dtypes[ref.index]
+
+    def operand_dtype(self, index: int) -> str:
+        """The dtype instruction `index` computes in: that of its data operands (Select: x and
+        y; its last Ref always is one, immediates taking the dtype of the values)."""
+        refs = [o for o in self.instructions[index].operands if isinstance(o, Ref)]
+        return self.ref_dtype(refs[-1])
+
+    def read_shape(self, index: int) -> Optional[tuple]:
+        """The shape input `index` is read as: its view, else its tensor shape."""
+        decl = self.inputs[index]
+        return decl.view if decl.view is not None else decl.shape
 
     @staticmethod
     def parse(text: str) -> "FusedProgram":
@@ -180,8 +209,10 @@ def _check_view(view, what: str, fail):
 # --- checking --------------------------------------------------------------------------------
 
 
-def _check(program: FusedProgram) -> list[str]:
-    """Raise ValueError naming the line of the first fault; return the value dtypes."""
+def _check(program: FusedProgram) -> tuple:
+    """Raise ValueError naming the line of the first fault (docs/PROGRAM.md: the rules
+    cc/program.cc checks too); return what the check derives: each value's dtype and whether it
+    is reduced, and whether each input is read as a reduced value."""
     n_in, n_inst = len(program.inputs), len(program.instructions)
 
     def fail(line_index: int, reason: str):
@@ -198,6 +229,11 @@ def _check(program: FusedProgram) -> list[str]:
         if decl.shape is not None and any(not isinstance(d, int) or d < -1 for d in decl.shape):
             fail(i, "sizes are integers >= 0, or -1 for unknown")
         _check_view(decl.view, "view", lambda r, i=i: fail(i, r))
+        known = catalog.fully_known(decl.shape) and catalog.fully_known(decl.view)
+        if decl.view is not None and known and math.prod(decl.view) != math.prod(decl.shape):
+            fail(i, f"the view {shape_text(decl.view)} has {math.prod(decl.view)} elements but "
+                    f"the tensor {shape_text(decl.shape)} has {math.prod(decl.shape)}")
+    _check_views_broadcast(program)
     axes_seen = None
     for i, inst in enumerate(program.instructions):
         spec = catalog.for_ir_name(inst.op)
@@ -213,18 +249,7 @@ def _check(program: FusedProgram) -> list[str]:
                 fail(n_in + i, "every reduction of a program reduces the same axes")
             axes_seen = axes
 
-    def read_as(decl):
-        return decl.view if decl.view is not None else decl.shape
-
-    iteration_rank = max([len(read_as(d)) for d in program.inputs if read_as(d) is not None]
-                         + [max(axes_seen) + 1 if axes_seen else 0])
-
-    def input_is_reduced(index: int) -> bool:
-        view = read_as(program.inputs[index])
-        if view is None:
-            return False
-        padded = (1,) * (iteration_rank - len(view)) + tuple(view)  # numpy's right alignment
-        return all(padded[a] == 1 for a in axes_seen)
+    reduced_inputs = _reduced_inputs(program, axes_seen, fail)
 
     value_dtypes: list[str] = []
     reduced: list[bool] = []
@@ -236,9 +261,8 @@ def _check(program: FusedProgram) -> list[str]:
         for operand in inst.operands:
             if isinstance(operand, Ref):
                 if operand.kind == "in" and 0 <= operand.index < n_in:
-                    operands.append(ref_operand(
-                        program.inputs[operand.index].dtype, "in",
-                        axes_seen is not None and input_is_reduced(operand.index)))
+                    operands.append(ref_operand(program.inputs[operand.index].dtype, "in",
+                                                reduced_inputs[operand.index]))
                 elif operand.kind == "%" and 0 <= operand.index < len(value_dtypes):
                     operands.append(ref_operand(value_dtypes[operand.index], "%",
                                                 reduced[operand.index]))
@@ -252,15 +276,89 @@ def _check(program: FusedProgram) -> list[str]:
         result, is_reduced = outcome
         value_dtypes.append(result)
         reduced.append(is_reduced)
+    _check_invariants(program, value_dtypes, axes_seen is not None, fail)
     for i, ref in enumerate(program.outputs):
         line = n_in + n_inst + i
         if not isinstance(ref, Ref):
             fail(line, "an output names a value")
         _ref_dtype(ref, program, value_dtypes, lambda r: fail(line, r))
+        if ref.kind == "%" and program.instructions[ref.index].invariant:
+            fail(line, "an output names no invariant value")
         _check_view(program.output_views[i], "output view", lambda r, l=line: fail(l, r))
-        if program.output_views[i] is not None and None in (program.output_views[i],):
-            fail(line, "bad output view")
-    return value_dtypes
+    return value_dtypes, reduced, reduced_inputs
+
+
+def _check_views_broadcast(program: FusedProgram) -> None:
+    """The input views broadcast (right-aligned, a known 1 stretches) as far as they are known;
+    ValueError naming the two inputs otherwise."""
+    merged: list = []  # right-aligned: merged[0] is the last dimension
+    source: list = []  # which input set merged[i]
+    for k in range(len(program.inputs)):
+        shape = program.read_shape(k)
+        for i, d in enumerate(reversed(shape or ())):
+            if i >= len(merged):
+                merged.append(d)
+                source.append(k)
+            elif d >= 0 and d != 1:
+                if merged[i] >= 0 and merged[i] != 1 and merged[i] != d:
+                    a = source[i]
+                    raise ValueError(
+                        f"the shapes of in{a}: {program.inputs[a].text(a)[len(f'in{a}: '):]} and "
+                        f"in{k}: {program.inputs[k].text(k)[len(f'in{k}: '):]} do not broadcast "
+                        f"(dimension {-1 - i}: {merged[i]} vs {d})")
+                merged[i], source[i] = d, k
+
+
+def _reduced_inputs(program: FusedProgram, axes: Optional[tuple], fail) -> tuple:
+    """Per input, whether it is read as a reduced value: 1 along every reduced axis of the
+    iteration shape (numpy's right alignment). A program with reductions needs inputs of known
+    rank and axes within the iteration rank."""
+    if axes is None:
+        return (False,) * len(program.inputs)
+    shapes = [program.read_shape(k) for k in range(len(program.inputs))]
+    for k, shape in enumerate(shapes):
+        if shape is None:
+            fail(k, "a program with reductions needs inputs of known rank (or a view)")
+    rank = max(len(shape) for shape in shapes)
+    for i, inst in enumerate(program.instructions):
+        if catalog.for_ir_name(inst.op) is not None and \
+                catalog.for_ir_name(inst.op).kind == catalog.REDUCE and axes[-1] >= rank:
+            fail(len(shapes) + i, f"axis {axes[-1]} is out of range for rank {rank} (the rank "
+                                  "of the iteration shape)")
+    return tuple(all(((1,) * (rank - len(shape)) + tuple(shape))[a] == 1 for a in axes)
+                 for shape in shapes)
+
+
+def _check_invariants(program: FusedProgram, value_dtypes: list, reducing: bool, fail) -> None:
+    """The rules of invariant instructions (docs/PROGRAM.md, Invariants): what makes computing
+    them once a run, over the one shape S their inputs are read as, give the same bits."""
+    n_in = len(program.inputs)
+    small = None  # S
+    for i, inst in enumerate(program.instructions):
+        if not inst.invariant:
+            continue
+        if reducing:
+            fail(n_in + i, "a program with reductions has no invariant instruction")
+        if value_dtypes[i] in ("f16", "bf16"):
+            fail(n_in + i, "an invariant value is not 16-bit (computed apart, it would be "
+                           "rounded where the program keeps fp32)")
+        for operand in inst.operands:
+            if not isinstance(operand, Ref):
+                continue
+            if operand.kind == "%":
+                if not program.instructions[operand.index].invariant:
+                    fail(n_in + i, f"an invariant instruction reads {operand}, which is not")
+                continue
+            read = program.read_shape(operand.index)
+            if not (catalog.fully_known(program.inputs[operand.index].shape)
+                    and catalog.fully_known(read)):
+                fail(n_in + i, f"an invariant instruction reads {operand}, whose shape is not "
+                               "fully known")
+            if small is None:
+                small = read
+            elif read != small:
+                fail(n_in + i, f"an invariant instruction reads {operand} as {shape_text(read)}, "
+                               f"others read inputs as {shape_text(small)}")
 
 
 # operand descriptions of _check (else: an immediate)
@@ -338,6 +436,8 @@ def _outcome(op: str, attrs: tuple, operands: tuple, reducing: bool):
     immediates = [o[1] for o in data if o[0] != _OPERAND_REF]
     if dtype == "i32" and any(isinstance(v, float) for v in immediates):
         return "an i32 instruction takes integer immediates only"
+    if dtype == "i32" and any(not -2**31 <= v < 2**31 for v in immediates):
+        return "an i32 immediate is out of the int32 range"
     if dtype != "bool" and any(isinstance(v, bool) for v in immediates):
         return "a bool immediate needs a bool instruction"
     if dtype == "bool" and any(not isinstance(v, bool) for v in immediates):
@@ -402,11 +502,15 @@ _ATTR_KEY = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def parse(text: str) -> FusedProgram:
-    """Read program text; ValueError naming the line for anything not in the grammar."""
+    """Read program text; ValueError naming the line for anything not in the grammar.
+
+    It refuses what cc/program.cc refuses, naming the same line (tests/test_program.py holds
+    the two to one table), and also any spelling other than the one the printer gives (a
+    missing final '\\n', `0.50` for `0.5`, `[1, 2]` for `[1,2]`), which the kernel reads."""
     if not isinstance(text, str):
         raise ValueError("program text must be str")
     if not text:
-        raise ValueError("line 1: empty program")
+        raise ValueError("the program text is empty")
     lines = text.split("\n")
     if lines[-1] != "":
         raise ValueError(f"line {len(lines)}: the last line has no '\\n': {lines[-1]!r}")
@@ -431,6 +535,9 @@ def parse(text: str) -> FusedProgram:
             fail("not an input, an instruction or an output")
         if kind < section:
             fail("out of order: inputs, then instructions, then outputs")
+        if kind > 0 and not sections[kind - 1]:
+            fail(f"{('an instruction', 'an output')[kind - 1]} before any "
+                 f"{('input', 'instruction')[kind - 1]}")
         section = kind
         if index != expected:
             fail(f"numbered {index}, expected {expected}")
@@ -438,9 +545,8 @@ def parse(text: str) -> FusedProgram:
         if text_back != line:
             fail(f"not written as the grammar prints it (expected {text_back!r})")
         sections[kind].append(item)
-    for items, what in zip(sections, ("input", "instruction", "output")):
-        if not items:
-            raise ValueError(f"line {len(lines) + 1}: the program has no {what}")
+    if not sections[2]:
+        raise ValueError(f"line {len(lines)}: the program has no output")
     outputs = [ref for ref, _ in sections[2]]
     views = [view for _, view in sections[2]]
     return FusedProgram(sections[0], sections[1], outputs, views)
@@ -495,12 +601,13 @@ def _parse_instruction(line: str, fail):
             break
         if position == len(tokens):
             fail("an operand is missing after ','")
-    for token in tokens[position:]:
+    invariant = tokens[-1] == INVARIANT_MARK.strip() and position < len(tokens)
+    for token in tokens[position:len(tokens) - invariant]:
         key, sep, value = token.partition("=")
         if not sep:
             fail(f"expected an attr KEY=VALUE, got {token!r}")
         attrs.append((key, value))
-    return index, Instruction(op, tuple(operands), tuple(attrs))
+    return index, Instruction(op, tuple(operands), tuple(attrs), invariant)
 
 
 def _parse_operand(token: str, fail) -> Operand:

@@ -148,20 +148,25 @@ void NarrowToBfloat16(const float* src, Eigen::bfloat16* dst, int64_t n, bool st
   for (; i < n; ++i) bits[i] = FloatToBfloat16Bits(src[i]);
 }
 
-// Input tile -> slot of the compute type; elements [valid, count) are zeroed.
-void LoadTile(DType dtype, const char* src, char* dst, int64_t valid, int64_t count) {
+// A contiguous run of n tensor elements -> the compute type.
+void ConvertRun(DType dtype, const char* src, char* dst, int64_t n) {
   switch (dtype) {
     case DType::kF16:
-      WidenHalf(reinterpret_cast<const Eigen::half*>(src), reinterpret_cast<float*>(dst), valid);
+      WidenHalf(reinterpret_cast<const Eigen::half*>(src), reinterpret_cast<float*>(dst), n);
       break;
     case DType::kBF16:
       WidenBfloat16(reinterpret_cast<const Eigen::bfloat16*>(src), reinterpret_cast<float*>(dst),
-                    valid);
+                    n);
       break;
     default:
-      std::memcpy(dst, src, valid * DTypeSize(dtype));
+      std::memcpy(dst, src, n * DTypeSize(dtype));
       break;
   }
+}
+
+// Input tile -> slot of the compute type; elements [valid, count) are zeroed.
+void LoadTile(DType dtype, const char* src, char* dst, int64_t valid, int64_t count) {
+  ConvertRun(dtype, src, dst, valid);
   const int size = ComputeSize(ComputeTypeOf(dtype));
   std::memset(dst + valid * size, 0, (count - valid) * size);
 }
@@ -210,21 +215,6 @@ void Splat(DType dtype, const char* src, char* dst, int64_t n) {
   }
 }
 
-// A contiguous run of n tensor elements -> the compute type.
-void ConvertRun(DType dtype, const char* src, char* dst, int64_t n) {
-  switch (dtype) {
-    case DType::kF16:
-      WidenHalf(reinterpret_cast<const Eigen::half*>(src), reinterpret_cast<float*>(dst), n);
-      break;
-    case DType::kBF16:
-      WidenBfloat16(reinterpret_cast<const Eigen::bfloat16*>(src), reinterpret_cast<float*>(dst),
-                    n);
-      break;
-    default:
-      std::memcpy(dst, src, n * DTypeSize(dtype));
-      break;
-  }
-}
 
 // Fills dst[unit, reps * unit) with reps - 1 more copies of dst[0, unit), doubling the copied
 // span each time: a few large memcpys instead of one small copy per repetition.

@@ -34,7 +34,7 @@ enum class Kernel : uint8_t {
   kSelect,               // RunSelect
   kCast,                 // RunCast
   kFill,                 // Fill: ZerosLike, OnesLike
-  kReduction,            // reduce.h: accumulate and finalize; RunReduceOfReduced
+  kReduction,            // reduce.h: accumulate and finalize
 };
 
 // The kernel of an op for operands computed in fp32/f64, in i32, and in bool.
@@ -113,7 +113,7 @@ constexpr bool CpuKernelsCover(OpCode op, int dtypes, bool refused) {
          (!(dtypes & kBoolType) || k.bools != Kernel::kNone);
 }
 
-#define TF_AUTOFUSE_CHECK_CPU_KERNEL(name, arity, dtypes, result, cost, never_negative,      \
+#define TF_AUTOFUSE_CHECK_CPU_KERNEL(name, arity, dtypes, result, cost, cost_f64,            \
                                      cpu_refusal)                                           \
   static_assert(CpuKernelsCover(OpCode::k##name, dtypes, (cpu_refusal) != nullptr),         \
                 "the CPU interpreter has no kernel for op " #name " for every dtype the op " \

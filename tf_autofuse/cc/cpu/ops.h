@@ -75,31 +75,23 @@ auto Transcendental(const Eigen::ArrayBase<X>& x, Vectorised vectorised, Scalar 
   }
 }
 
-template <typename X>
-auto Exp(const Eigen::ArrayBase<X>& x) {
-  return Transcendental(x, [](const auto& a) { return a.exp(); },
-                        [](double v) { return std::exp(v); });
-}
-template <typename X>
-auto Expm1(const Eigen::ArrayBase<X>& x) {
-  return Transcendental(x, [](const auto& a) { return a.expm1(); },
-                        [](double v) { return std::expm1(v); });
-}
-template <typename X>
-auto Log(const Eigen::ArrayBase<X>& x) {
-  return Transcendental(x, [](const auto& a) { return a.log(); },
-                        [](double v) { return std::log(v); });
-}
-template <typename X>
-auto Log1p(const Eigen::ArrayBase<X>& x) {
-  return Transcendental(x, [](const auto& a) { return a.log1p(); },
-                        [](double v) { return std::log1p(v); });
-}
-template <typename X>
-auto Erf(const Eigen::ArrayBase<X>& x) {
-  return Transcendental(x, [](const auto& a) { return a.erf(); },
-                        [](double v) { return std::erf(v); });
-}
+// Name(x): the function `fn` of an array expression: Eigen's array method in fp32, the C
+// library's in f64.
+#define TF_AUTOFUSE_TRANSCENDENTAL(Name, fn)                                              \
+  template <typename X>                                                                   \
+  auto Name(const Eigen::ArrayBase<X>& x) {                                               \
+    return Transcendental(x, [](const auto& a) { return a.fn(); },                        \
+                          [](double v) { return std::fn(v); });                           \
+  }
+TF_AUTOFUSE_TRANSCENDENTAL(Exp, exp)
+TF_AUTOFUSE_TRANSCENDENTAL(Expm1, expm1)
+TF_AUTOFUSE_TRANSCENDENTAL(Log, log)
+TF_AUTOFUSE_TRANSCENDENTAL(Log1p, log1p)
+TF_AUTOFUSE_TRANSCENDENTAL(Erf, erf)
+TF_AUTOFUSE_TRANSCENDENTAL(Sin, sin)
+TF_AUTOFUSE_TRANSCENDENTAL(Cos, cos)
+TF_AUTOFUSE_TRANSCENDENTAL(Tanh, tanh)
+#undef TF_AUTOFUSE_TRANSCENDENTAL
 
 // Erfc. fp32: ErfcPacket, within 5.9 ulps of the exact value over all float32 (Eigen's fp32
 // erfc, used before: 6.2; both worst in the tail, x in [1, 9]), mean 0.30 ulps over |x| in
@@ -119,22 +111,6 @@ void RunErfc(In<T> x, Out<T> out) {
   } else {
     out = x.unaryExpr([](T v) { return static_cast<T>(std::erfc(static_cast<long double>(v))); });
   }
-}
-
-template <typename X>
-auto Sin(const Eigen::ArrayBase<X>& x) {
-  return Transcendental(x, [](const auto& a) { return a.sin(); },
-                        [](double v) { return std::sin(v); });
-}
-template <typename X>
-auto Cos(const Eigen::ArrayBase<X>& x) {
-  return Transcendental(x, [](const auto& a) { return a.cos(); },
-                        [](double v) { return std::cos(v); });
-}
-template <typename X>
-auto Tanh(const Eigen::ArrayBase<X>& x) {
-  return Transcendental(x, [](const auto& a) { return a.tanh(); },
-                        [](double v) { return std::tanh(v); });
 }
 
 template <typename T>
@@ -491,8 +467,19 @@ void RunLeakyRelu(const T* x, T alpha, T* out, int64_t n) {
 
 // Cast between float types: a 16-bit target rounds to nearest even there (f64 goes through
 // fp32 first, as Eigen's and so TensorFlow's casts do), and the value stays in fp32.
-void RunCast(ComputeType from, DType to, const char* src, char* dst, int64_t n) {
+// fp32 values rounded to a 16-bit type and back, a block at a time (out may be x).
+template <typename Half, typename Narrow, typename Widen>
+void RoundThrough(const float* x, float* out, int64_t n, Narrow narrow, Widen widen) {
   constexpr int64_t kBlock = 256;
+  alignas(64) Half block[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t len = std::min(kBlock, n - i);
+    narrow(x + i, block, len, false);
+    widen(block, out + i, len);
+  }
+}
+
+void RunCast(ComputeType from, DType to, const char* src, char* dst, int64_t n) {
   if (from == ComputeType::kF32) {
     const float* x = reinterpret_cast<const float*>(src);
     switch (to) {
@@ -501,26 +488,13 @@ void RunCast(ComputeType from, DType to, const char* src, char* dst, int64_t n) 
         for (int64_t i = 0; i < n; ++i) out[i] = x[i];
         return;
       }
-      case DType::kF16: {
-        float* out = reinterpret_cast<float*>(dst);
-        alignas(64) Eigen::half block[kBlock];
-        for (int64_t i = 0; i < n; i += kBlock) {
-          const int64_t len = std::min(kBlock, n - i);
-          NarrowToHalf(x + i, block, len, false);
-          WidenHalf(block, out + i, len);
-        }
+      case DType::kF16:
+        RoundThrough<Eigen::half>(x, reinterpret_cast<float*>(dst), n, NarrowToHalf, WidenHalf);
         return;
-      }
-      case DType::kBF16: {
-        float* out = reinterpret_cast<float*>(dst);
-        alignas(64) Eigen::bfloat16 block[kBlock];
-        for (int64_t i = 0; i < n; i += kBlock) {
-          const int64_t len = std::min(kBlock, n - i);
-          NarrowToBfloat16(x + i, block, len, false);
-          WidenBfloat16(block, out + i, len);
-        }
+      case DType::kBF16:
+        RoundThrough<Eigen::bfloat16>(x, reinterpret_cast<float*>(dst), n, NarrowToBfloat16,
+                                      WidenBfloat16);
         return;
-      }
       default:
         if (src != dst) std::memmove(dst, src, n * sizeof(float));
         return;

@@ -82,7 +82,7 @@ std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int 
     for (const Output& out : program.outputs) mark(out.operand);
   } else {
     for (const Instruction& inst : program.instructions) {
-      if (IsReduction(inst.op) && !inst.of_reduced && inst.level == level) mark(inst.operands[0]);
+      if (IsReduction(inst.op) && inst.level == level) mark(inst.operands[0]);
     }
   }
   for (int i = n - 1; i >= 0; --i) {
@@ -165,7 +165,7 @@ class Planner {
         }
         const Instruction& inst = program_.instructions[i];
         if (pass_.kind == Pass::Kind::kAccumulate && IsReduction(inst.op) &&
-            !inst.of_reduced && inst.level == pass_.level) {
+            inst.level == pass_.level) {
           EmitAccumulate(i);
         }
       }
@@ -378,7 +378,7 @@ class Planner {
       const Instruction& inst = program_.instructions[i];
       if (!inst.reduced || inst.level != pass_.level) continue;
       Step step;
-      if (IsReduction(inst.op) && !inst.of_reduced) {
+      if (IsReduction(inst.op)) {
         step.kind = Step::Kind::kFinalize;
         step.op = inst.op;
         step.dtype = inst.operand_dtype;

@@ -230,18 +230,10 @@ void AccumulateColumnsAs(OpCode op, const S* x, A* acc, double* comp, int64_t ro
   }
 }
 
-// Row-group (columns == false) or column-group (columns == true) accumulation of a tile of
-// `rows` rows of `length` elements.
-void AccumulateGroup(const Step& step, const char* src, char* acc, char* comp, int64_t rows,
-                     int64_t length, bool columns) {
-  double* c = reinterpret_cast<double*>(comp);
-  auto run = [&](const auto* x, auto* a) {
-    if (columns) {
-      AccumulateColumnsAs(step.op, x, a, c, rows, length);
-    } else {
-      AccumulateRowsAs(step.op, x, a, c, rows, length);
-    }
-  };
+// Calls run(x, a) with a step's source and accumulator as pointers of their types (f32 into
+// f32 or f64, f64 into f64, i32 into i32 or i64).
+template <typename Run>
+void WithAccumulatorTypes(const Step& step, const char* src, char* acc, Run run) {
   switch (step.src_ctype) {
     case ComputeType::kF32:
       if (step.acc_ctype == ComputeType::kF64) {
@@ -263,6 +255,20 @@ void AccumulateGroup(const Step& step, const char* src, char* acc, char* comp, i
     default:
       break;
   }
+}
+
+// Row-group (columns == false) or column-group (columns == true) accumulation of a tile of
+// `rows` rows of `length` elements.
+void AccumulateGroup(const Step& step, const char* src, char* acc, char* comp, int64_t rows,
+                     int64_t length, bool columns) {
+  double* c = reinterpret_cast<double*>(comp);
+  WithAccumulatorTypes(step, src, acc, [&](const auto* x, auto* a) {
+    if (columns) {
+      AccumulateColumnsAs(step.op, x, a, c, rows, length);
+    } else {
+      AccumulateRowsAs(step.op, x, a, c, rows, length);
+    }
+  });
 }
 
 // Row-group mode: one value per row -> the value repeated over its row; [valid, count) zeroed.
@@ -315,32 +321,8 @@ void Accumulate(const Step& step, const char* src, char* acc, char* comp, int64_
                           lanes);
     return;
   }
-  switch (step.src_ctype) {
-    case ComputeType::kF32:
-      if (step.acc_ctype == ComputeType::kF64) {
-        AccumulateAs(step.op, reinterpret_cast<const float*>(src), reinterpret_cast<double*>(acc),
-                     n, lanes);
-      } else {
-        AccumulateAs(step.op, reinterpret_cast<const float*>(src), reinterpret_cast<float*>(acc),
-                     n, lanes);
-      }
-      break;
-    case ComputeType::kF64:
-      AccumulateAs(step.op, reinterpret_cast<const double*>(src), reinterpret_cast<double*>(acc),
-                   n, lanes);
-      break;
-    case ComputeType::kI32:
-      if (step.acc_ctype == ComputeType::kI64) {
-        AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
-                     reinterpret_cast<int64_t*>(acc), n, lanes);
-      } else {
-        AccumulateAs(step.op, reinterpret_cast<const int32_t*>(src),
-                     reinterpret_cast<int32_t*>(acc), n, lanes);
-      }
-      break;
-    default:
-      break;
-  }
+  WithAccumulatorTypes(step, src, acc,
+                       [&](const auto* x, auto* a) { AccumulateAs(step.op, x, a, n, lanes); });
 }
 
 template <typename A>

@@ -107,56 +107,8 @@ void RunSelectAs(const Step& step, const char* const* src, char* dst, int64_t co
                MakeArg<T>(step.src[2], src[2], scalar_reduced), reinterpret_cast<T*>(dst), count);
 }
 
-// A reduction of a value that is 1 along the reduced axes, i.e. R copies of x.
-template <typename T>
-void RunReduceOfReduced(OpCode op, const T* x, T* out, int64_t n, int64_t reduce) {
-  for (int64_t i = 0; i < n; ++i) {
-    const T v = x[i];
-    T r = v;
-    if (reduce == 0) {
-      r = op == OpCode::kMean && !std::is_integral_v<T> ? std::numeric_limits<T>::quiet_NaN()
-                                                        : Identity<T>(op == OpCode::kMean
-                                                                          ? OpCode::kSum
-                                                                          : op);
-    } else if constexpr (std::is_integral_v<T>) {
-      if (op == OpCode::kSum) {
-        r = Wrap(U(v) * static_cast<uint32_t>(reduce));
-      } else if (op == OpCode::kProd) {
-        uint32_t p = 1, b = U(v);
-        for (int64_t e = reduce; e > 0; e >>= 1, b *= b) {
-          if (e & 1) p *= b;
-        }
-        r = Wrap(p);
-      }
-    } else {
-      if (op == OpCode::kSum) r = static_cast<T>(static_cast<double>(v) * reduce);
-      if (op == OpCode::kProd) r = static_cast<T>(std::pow(static_cast<double>(v), reduce));
-    }
-    out[i] = r;
-  }
-}
-
 void RunCompute(const Step& step, const char* const* src, char* dst, int64_t count,
-                bool scalar_reduced, int64_t reduce) {
-  if (IsReduction(step.op)) {
-    switch (step.ctype) {
-      case ComputeType::kF32:
-        RunReduceOfReduced(step.op, reinterpret_cast<const float*>(src[0]),
-                           reinterpret_cast<float*>(dst), count, reduce);
-        break;
-      case ComputeType::kF64:
-        RunReduceOfReduced(step.op, reinterpret_cast<const double*>(src[0]),
-                           reinterpret_cast<double*>(dst), count, reduce);
-        break;
-      case ComputeType::kI32:
-        RunReduceOfReduced(step.op, reinterpret_cast<const int32_t*>(src[0]),
-                           reinterpret_cast<int32_t*>(dst), count, reduce);
-        break;
-      default:
-        break;
-    }
-    return;
-  }
+                bool scalar_reduced) {
   switch (CpuKernelFor(step.op, step.src_ctype)) {
     case Kernel::kCast:
       RunCast(step.src_ctype, step.dtype, src[0], dst, count);

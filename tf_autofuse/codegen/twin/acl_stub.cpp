@@ -62,6 +62,20 @@ bool InDevice(const void* p, size_t bytes) {
   return a >= it->first && a + bytes <= it->first + it->second;
 }
 std::vector<Stream*> streams;
+// The stream `stream` of this thread's context, or null after Fail: what (the call) needs a
+// current context and a stream it made. Call under mu.
+Stream* KnownStream(aclrtStream stream, const char* what, aclError* error) {
+  if (current == nullptr) {
+    *error = Fail(ACL_ERROR_INVALID_PARAM, std::string(what) + kNoContext);
+    return nullptr;
+  }
+  Stream* s = static_cast<Stream*>(stream);
+  for (Stream* t : streams) {
+    if (t == s) return s;
+  }
+  *error = Fail(ACL_ERROR_INVALID_PARAM, std::string(what) + ": unknown stream");
+  return nullptr;
+}
 // Does a launch not yet synchronised use the device allocation holding p?
 bool WrittenByPendingLaunch(const void* p) {
   uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -196,11 +210,9 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
   std::vector<Pending> work;
   {
     std::lock_guard<std::mutex> l(mu);
-    if (current == nullptr) return Fail(ACL_ERROR_INVALID_PARAM, std::string("aclrtSynchronizeStream") + kNoContext);
-    Stream* s = static_cast<Stream*>(stream);
-    bool known = false;
-    for (Stream* t : streams) known |= t == s;
-    if (!known) return Fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeStream: unknown stream");
+    aclError error;
+    Stream* s = KnownStream(stream, "aclrtSynchronizeStream", &error);
+    if (s == nullptr) return error;
     work.swap(s->pending);
   }
   aclError rc = ACL_SUCCESS;
@@ -230,11 +242,9 @@ size_t twinAclDeviceSize(const void* p) {
 aclError twinAclEnqueue(aclrtStream stream, const char* (*fn)(void*), void* ctx, uint32_t block_dim,
                         const void* const* args, uint32_t num_args) {
   std::lock_guard<std::mutex> l(mu);
-  if (current == nullptr) return Fail(ACL_ERROR_INVALID_PARAM, std::string("kernel launch") + kNoContext);
-  Stream* s = static_cast<Stream*>(stream);
-  bool known = false;
-  for (Stream* t : streams) known |= t == s;
-  if (!known) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch on an unknown stream");
+  aclError error;
+  Stream* s = KnownStream(stream, "kernel launch", &error);
+  if (s == nullptr) return error;
   if (block_dim == 0 || block_dim > 65535) return Fail(ACL_ERROR_INVALID_PARAM, "kernel launch: bad blockDim");
   s->pending.push_back({fn, ctx, std::vector<const void*>(args, args + num_args), block_dim});
   ++stats.launches;
