@@ -124,6 +124,7 @@ def main(argv=None) -> int:
           f"{won} of {args.rounds} rounds; max rel. output difference {difference:.1e}")
     if args.json:
         result = {
+            "kind": "ab_models", **harness.provenance(),
             "workload": args.workload, "quick": args.quick, "rounds": args.rounds,
             "calls": args.calls, "tf_over_autofuse": tf_ms / af_ms, "autofuse_won_rounds": won,
             "max_rel_diff": difference,

@@ -766,6 +766,12 @@ def render_checks(data: dict) -> str:
     return "\n".join(out)
 
 
+def provenance() -> dict:
+    """The command and machine of this run, for a JSON that report.py renders."""
+    return {"command": shlex.join([Path(sys.executable).name, *sys.argv]),
+            "machine": machine_description(), "load_average": os.getloadavg()[0]}
+
+
 def busy_note(loads: list[float]) -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     note = f"load average {min(loads):.2f} to {max(loads):.2f} on {cores} cores"

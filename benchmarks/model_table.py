@@ -300,7 +300,8 @@ def main(argv=None) -> int:
     if summary:
         print("\n" + summary)
     if args.json:
-        Path(args.json).write_text(json.dumps({"options": {
+        Path(args.json).write_text(json.dumps({"kind": "model_table", **harness.provenance(),
+                                               "options": {
             "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "smoke": args.smoke,
             "rounds": args.rounds, "autofuse_flags": harness.AUTOFUSE_FLAGS_WANTED,
             "xla_flags": harness.XLA_FLAGS}, "cells": cells}, indent=1))

@@ -274,7 +274,8 @@ def main(argv=None) -> int:
           f"{', SMOKE sizes' if args.smoke else ''}\n")
     print(markdown(cells))
     if args.json:
-        Path(args.json).write_text(json.dumps({"options": {
+        Path(args.json).write_text(json.dumps({"kind": "train_table", **harness.provenance(),
+                                               "options": {
             "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "smoke": args.smoke,
             "autofuse_flags": harness.AUTOFUSE_FLAGS_WANTED, "xla_flags": harness.XLA_FLAGS},
             "cells": cells}, indent=1))

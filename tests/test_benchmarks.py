@@ -228,3 +228,41 @@ def test_report_writes_the_performance_page_from_the_json(smoke, tmp_path):
             assert cells[i].startswith(harness.format_ms(row[mode]["median_ms"])), (name, mode)
         want = row["xla"]["median_ms"] / row["autofuse"]["median_ms"]
         assert f"{want:.2f}x" in cells, (name, cells)
+
+
+def test_report_renders_the_model_ab_and_training_json(tmp_path):
+    """report.py: the A/B runs as one table (ratio, rounds won, kernels), a model or training
+    table as its own script renders it, each with its command and machine."""
+    from benchmarks import report
+
+    def cell(model, mode, **more):
+        return {"model": model, "mode": mode, "kernels": 10, "fused": 2, "peak_rss_mib": 900.0,
+                "model_rss_mib": 100.0, "median_ms": 12.5, "first_ms": 800.0, **more}
+
+    ab = {"kind": "ab_models", "command": "python ab_models.py resnet50_b1", "machine": "M1",
+          "load_average": 0.5, "workload": "resnet50_b1", "rounds": 8, "autofuse_won_rounds": 7,
+          "tf_over_autofuse": 1.25, "max_rel_diff": 9e-7,
+          "sides": {"tf": {"median_ms": 50.0, "kernels": 812, "fused": 0},
+                    "tf_autofuse": {"median_ms": 40.0, "kernels": 146, "fused": 65}}}
+    models = {"kind": "model_table", "command": "python model_table.py --batch 8",
+              "machine": "M2", "load_average": 0.4, "options": {"batch": 8},
+              "cells": [cell("resnet50", "tf", max_rel_diff=None, error_f64=2e-6),
+                        cell("resnet50", "autofuse", max_rel_diff=1e-6, error_f64=1.5e-6)]}
+    train = {"kind": "train_table", "command": "python train_table.py", "machine": "M3",
+             "load_average": 0.3, "options": {"batch": 16},
+             "cells": [cell("transformer", "tf", grad_error=2.5e-7),
+                       cell("transformer", "autofuse", grad_error=3.5e-7)]}
+    paths = []
+    for name, data in (("ab", ab), ("models", models), ("train", train)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    out = tmp_path / "PERFORMANCE.md"
+    assert report.main([*map(str, paths), "-o", str(out)]) == 0
+    text = out.read_text()
+    for data in (ab, models, train):
+        assert data["command"] in text and data["machine"] in text
+    assert ("| resnet50_b1 | 50.00 | 40.00 | **1.25x** | 7 of 8 | 812 -> 146 (65 fused) | 9.0e-07 |"
+            in text)
+    assert "## Keras models, each mode a fresh process, batch 8" in text
+    assert "| 1.0e-06 | 1.5e-06 |" in text  # the autofuse row: vs TF, vs float64
+    assert "## Training steps, batch 16" in text and "| 3.5e-07 |" in text
