@@ -41,6 +41,8 @@ class Net:
             self.graphs[dtype] = g
 
     def rewrite(self, **policy):
+        """The rewrite with a Policy of `policy` (scales taken unless epilogue_scale=False)."""
+        policy.setdefault("epilogue_scale", True)
         g = self.graphs[tf.float32]
         graph_def = g.as_graph_def()
         return rewriter.rewrite(graph_def, preserve=["out", "x"], feeds=["x"],
@@ -376,3 +378,17 @@ def test_the_debug_dump_lists_epilogues_and_their_refusals(tmp_path, monkeypatch
     refusals = "".join(p.read_text() for p in tmp_path.glob("*_refusals.txt"))
     assert "(_FusedConv2D [FusedBatchNorm, Relu], TensorFlow's kernel)" in fusions
     assert "Conv2D: Conv2D epilogue with Sigmoid" in refusals
+
+
+def test_by_default_a_scale_stays_in_a_fused_kernel_of_its_own():
+    """Without pass epilogue_scale a batch norm after a convolution is refused with its reason:
+    the convolution keeps TensorFlow's own numbers."""
+    net = Net(lambda x, c: tf.nn.relu(_batch_norm(_conv(x, c, 8), c, 8)), (1, 6, 6, 4))
+    result = net.rewrite(epilogue_scale=False)
+    assert not result.epilogues
+    assert any("--autofuse_enable_pass=epilogue_scale" in r.reason for r in result.refusals)
+    assert "Conv2D" in _ops(result.graph_def) and "AutofuseKernel" in _ops(result.graph_def)
+    assert tf_autofuse.Fuser().config.policy().epilogue_scale is False
+    assert tf_autofuse.Fuser(passes=["pointwise", "epilogue", "epilogue_scale"]
+                             ).config.policy().epilogue_scale is True
+    net.check_numbers(result)

@@ -45,9 +45,10 @@ def _parse_path(text: str) -> str:
     return text.strip()
 
 
-# pointwise: the elementwise partitioner; reduce: reductions in its groups; epilogue: per-channel
-# affine maps and activations after convolutions and MatMuls run by TensorFlow's fused kernels
-PASSES = ("pointwise", "reduce", "epilogue")
+# pointwise: the elementwise partitioner; reduce: reductions in its groups; epilogue: biases and
+# activations after convolutions and MatMuls run by TensorFlow's fused kernels; epilogue_scale:
+# per-channel scales too (BatchNormalization), which those kernels round differently
+PASSES = ("pointwise", "reduce", "epilogue", "epilogue_scale")
 ON_BY_DEFAULT = ("pointwise", "epilogue")
 
 

@@ -192,6 +192,7 @@ class FuserConfig:
             pointwise="pointwise" in values["passes"],
             reduce="reduce" in values["passes"],
             epilogue="epilogue" in values["passes"],
+            epilogue_scale="epilogue_scale" in values["passes"],
             recomputation_threshold=values["recomputation_threshold"],
             skip_names=frozenset(values["skip_node_names"]),
             skip_types=frozenset(values["skip_op_types"]),

@@ -216,7 +216,7 @@ def fuse_epilogues(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, 
             if reason:
                 refusals.append(Refusal(name, reason))
             continue
-        reason = _rewrite(view, editor, chain)
+        reason = _rewrite(view, editor, chain, policy.epilogue_scale)
         if reason:
             refusals.append(Refusal(name, reason))
         else:
@@ -472,10 +472,15 @@ def _scalar(view: GraphView, tensor: Tensor):
 # --- rewriting --------------------------------------------------------------------------------
 
 
-def _rewrite(view: GraphView, editor: _Editor, chain: _Chain) -> Optional[str]:
-    """Replace the chain by one fused node, or say why not (the graph is then unchanged)."""
+def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool) -> Optional[str]:
+    """Replace the chain by one fused node, or say why not (the graph is then unchanged).
+    scale: whether a per-channel scale may be taken (pass epilogue_scale)."""
     node = view.node(chain.op)
     fused_op, family = _FAMILY[node.op]
+    if chain.scale is not None and not scale:
+        return (f"{node.op} epilogue with a per-channel scale: taken only with "
+                "--autofuse_enable_pass=epilogue_scale (TensorFlow's FusedBatchNorm and a scaled "
+                "filter round differently from the graph: a model's error against float64 grows)")
     if chain.activation not in accepts(family):
         build = "oneDNN" if onednn() else "Eigen (oneDNN off)"
         act = chain.activation or "no activation"

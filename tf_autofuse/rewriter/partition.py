@@ -51,6 +51,7 @@ class Policy:
     pointwise: bool = True
     reduce: bool = False
     epilogue: bool = True  # convolutions' and MatMuls' epilogues into TF's fused kernels
+    epilogue_scale: bool = False  # ... with a per-channel scale (FusedBatchNorm, scaled filters)
     recomputation_threshold: int = 0
     skip_names: frozenset = frozenset()
     skip_types: frozenset = frozenset()
