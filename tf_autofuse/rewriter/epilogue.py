@@ -25,6 +25,10 @@ How the map reaches the fused kernel:
                   the pass over the output it saves.
   BiasAdd         no scale: the bias c (or -m).
 
+A scale is taken only when the policy asks (pass epilogue_scale): TensorFlow's convolution with
+a FusedBatchNorm epilogue, and a filter scaled before the convolution, round differently from
+the graph, and a deep model's error against float64 then grows past unfused TensorFlow's.
+
 The activation is recognised by its values (`ACTIVATIONS`): the elementwise nodes after the map
 are evaluated with the op table's references on probe values, so a GELU through Erf, Erfc or
 Tanh and `x * sigmoid(x)` are found however the graph writes them. A Reshape that keeps the
