@@ -70,11 +70,9 @@ def _rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bool,
-           out_path: str) -> dict:
-    import resource
-
-    import numpy as np
+def set_up_mode(mode: str) -> float:
+    """Make this process run `mode` (its environment was set by child_env); the RSS once
+    TensorFlow (and tf_autofuse) are imported."""
     import tensorflow as tf
 
     if mode == "autofuse":
@@ -82,14 +80,59 @@ def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bo
 
         if not tf_autofuse.is_available() or not tf_autofuse.config().enable_autofuse:
             raise RuntimeError("tf_autofuse is not available or not enabled in this process")
-    from tf_autofuse import profiling  # counting only: no pass is registered without the flag
-
     if mode == "xla":
         tf.config.optimizer.set_experimental_options(
             {"arithmetic_optimization": False, "remapping": False})
         tf.config.optimizer.set_jit("autoclustering")
-    import_rss = _rss_mib()
+    return _rss_mib()
 
+
+def timed_calls(step, inputs: tuple, warmup: int, steps: int):
+    """(executed graphs, first call ms, timed calls' ms): the first call of the tf.function
+    `step` records the graphs TensorFlow ran, then `warmup` and `steps` calls."""
+    from tf_autofuse import profiling  # counting only: no pass is registered without the flag
+
+    start = time.perf_counter()
+    graphs = profiling.executed_function_graphs(step, *inputs)
+    first_ms = (time.perf_counter() - start) * 1e3
+    for _ in range(warmup):
+        step(*inputs).numpy()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step(*inputs).numpy()
+        times.append((time.perf_counter() - start) * 1e3)
+    return graphs, first_ms, times
+
+
+def cell_of_run(model: str, mode: str, batch: int, smoke: bool, graphs, first_ms: float,
+                times: list, import_rss: float, out_path: str) -> dict:
+    """One cell: kernels and fused kernels (or XLA clusters) of the executed graphs, times,
+    memory."""
+    import resource
+
+    import tensorflow as tf
+    from tf_autofuse import profiling
+
+    kernels = profiling.compute_kernels(graphs)
+    nodes = [n for g in graphs for n in g.node]
+    fused = (sum(1 for n in nodes if n.op == "AutofuseKernel") if mode != "xla"
+             else sum(1 for n in nodes if n.op in XLA_RUN_OPS))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return {"model": model, "mode": mode, "batch": batch, "smoke": smoke, "pid": os.getpid(),
+            "kernels": sum(kernels.values()), "kernels_by_type": dict(kernels.most_common()),
+            "fused": fused, "first_ms": first_ms, "median_ms": statistics.median(times),
+            "steps": len(times), "peak_rss_mib": peak, "import_rss_mib": import_rss,
+            "model_rss_mib": peak - import_rss, "output": out_path,
+            "tensorflow": tf.__version__}
+
+
+def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bool,
+           out_path: str) -> dict:
+    import numpy as np
+    import tensorflow as tf
+
+    import_rss = set_up_mode(mode)
     workload = wl.get(f"{model}_b{batch}", quick=smoke)
     keras_model = wl.build_model(workload)
     shape = (batch, *wl.model_input_shape(model, smoke))
@@ -99,17 +142,7 @@ def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bo
     def step(t):
         return keras_model(t, training=False)
 
-    start = time.perf_counter()
-    graphs = profiling.executed_function_graphs(step, x)
-    first_ms = (time.perf_counter() - start) * 1e3
-    for _ in range(warmup):
-        step(x)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        out = step(x)
-        out.numpy()
-        times.append((time.perf_counter() - start) * 1e3)
+    graphs, first_ms, times = timed_calls(step, (x,), warmup, steps)
     np.save(out_path, step(x).numpy())
     if mode == "tf":  # the exact reference: the same weights and input in float64
         import keras
@@ -120,17 +153,7 @@ def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bo
         np.save(out_path.replace(".npy", ".f64.npy"),
                 exact(tf.constant(x.numpy().astype(np.float64)), training=False).numpy())
         keras.config.set_dtype_policy("float32")
-    kernels = profiling.compute_kernels(graphs)
-    nodes = [n for g in graphs for n in g.node]
-    fused = (sum(1 for n in nodes if n.op == "AutofuseKernel") if mode != "xla"
-             else sum(1 for n in nodes if n.op in XLA_RUN_OPS))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return {"model": model, "mode": mode, "batch": batch, "smoke": smoke, "pid": os.getpid(),
-            "kernels": sum(kernels.values()), "kernels_by_type": dict(kernels.most_common()),
-            "fused": fused, "first_ms": first_ms, "median_ms": statistics.median(times),
-            "steps": steps, "peak_rss_mib": peak, "import_rss_mib": import_rss,
-            "model_rss_mib": peak - import_rss, "output": out_path,
-            "tensorflow": tf.__version__}
+    return cell_of_run(model, mode, batch, smoke, graphs, first_ms, times, import_rss, out_path)
 
 
 def child_env(mode: str) -> dict:
@@ -141,9 +164,12 @@ def child_env(mode: str) -> dict:
     return env
 
 
-def run_cell(model: str, mode: str, args, out_dir: str, tag: str = "") -> dict:
-    out_path = str(Path(out_dir) / f"{model}_{mode}{tag}.npy")
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", model, mode,
+def run_cell(model: str, mode: str, args, out_dir: str, tag: str = "", script: str = __file__,
+             prefix: str = PREFIX, suffix: str = ".npy") -> dict:
+    """Run `script --worker model mode` in a fresh process with the mode's environment; its
+    result line (after `prefix`), or the error. The worker writes its output to a `suffix` file."""
+    out_path = str(Path(out_dir) / f"{model}_{mode}{tag}{suffix}")
+    command = [sys.executable, str(Path(script).resolve()), "--worker", model, mode,
                "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
                str(args.warmup), "--out", out_path] + (["--smoke"] if args.smoke else [])
     try:
@@ -151,11 +177,11 @@ def run_cell(model: str, mode: str, args, out_dir: str, tag: str = "") -> dict:
                               timeout=args.timeout, cwd=out_dir)
     except subprocess.TimeoutExpired:
         return {"model": model, "mode": mode, "error": f"timed out after {args.timeout} s"}
-    lines = [l for l in proc.stdout.splitlines() if l.startswith(PREFIX)]
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(prefix)]
     if proc.returncode != 0 or not lines:
         return {"model": model, "mode": mode,
                 "error": harness.crash_text(proc.returncode, proc.stderr or proc.stdout)}
-    return json.loads(lines[-1][len(PREFIX):])
+    return json.loads(lines[-1][len(prefix):])
 
 
 def compare(cells: list) -> None:

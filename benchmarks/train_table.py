@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,25 +95,11 @@ def _gradients(net, loss, x, y):
 
 def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bool,
            out_path: str) -> dict:
-    import resource
-
+    import keras
     import numpy as np
     import tensorflow as tf
 
-    if mode == "autofuse":
-        import tf_autofuse
-
-        if not tf_autofuse.is_available() or not tf_autofuse.config().enable_autofuse:
-            raise RuntimeError("tf_autofuse is not available or not enabled in this process")
-    from tf_autofuse import profiling
-
-    if mode == "xla":
-        tf.config.optimizer.set_experimental_options(
-            {"arithmetic_optimization": False, "remapping": False})
-        tf.config.optimizer.set_jit("autoclustering")
-    import_rss = table._rss_mib()  # noqa: SLF001 - the same measure as the model table's
-    import keras
-
+    import_rss = table.set_up_mode(mode)
     net, shape, target, loss = build(model, smoke)
     x, y = _batch(shape, target, batch, np.float32)
     saved = {f"g{i}": g for i, g in enumerate(_gradients(net, loss, x, y))}
@@ -143,45 +126,15 @@ def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bo
         optimizer.apply_gradients(zip(grads, net.trainable_variables))
         return value
 
-    features, labels = tf.constant(x), tf.constant(y)
-    start = time.perf_counter()
-    graphs = profiling.executed_function_graphs(step, features, labels)
-    first_ms = (time.perf_counter() - start) * 1e3
-    for _ in range(warmup):
-        step(features, labels).numpy()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step(features, labels).numpy()
-        times.append((time.perf_counter() - start) * 1e3)
-    kernels = profiling.compute_kernels(graphs)
-    nodes = [n for g in graphs for n in g.node]
-    fused = (sum(1 for n in nodes if n.op == "AutofuseKernel") if mode != "xla"
-             else sum(1 for n in nodes if n.op in table.XLA_RUN_OPS))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"model": model, "mode": mode, "batch": batch, "smoke": smoke,
-            "kernels": sum(kernels.values()), "kernels_by_type": dict(kernels.most_common()),
-            "fused": fused, "first_ms": first_ms, "median_ms": statistics.median(times),
-            "steps": steps, "peak_rss_mib": peak, "import_rss_mib": import_rss,
-            "model_rss_mib": peak - import_rss, "output": out_path,
-            "tensorflow": tf.__version__}
+    graphs, first_ms, times = table.timed_calls(step, (tf.constant(x), tf.constant(y)), warmup,
+                                                steps)
+    return table.cell_of_run(model, mode, batch, smoke, graphs, first_ms, times, import_rss,
+                             out_path)
 
 
 def run_cell(model: str, mode: str, args, out_dir: str) -> dict:
-    out_path = str(Path(out_dir) / f"{model}_{mode}.npz")
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", model, mode,
-               "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
-               str(args.warmup), "--out", out_path] + (["--smoke"] if args.smoke else [])
-    try:
-        proc = subprocess.run(command, env=table.child_env(mode), capture_output=True,
-                              text=True, timeout=args.timeout, cwd=out_dir)
-    except subprocess.TimeoutExpired:
-        return {"model": model, "mode": mode, "error": f"timed out after {args.timeout} s"}
-    lines = [l for l in proc.stdout.splitlines() if l.startswith(PREFIX)]
-    if proc.returncode != 0 or not lines:
-        return {"model": model, "mode": mode,
-                "error": harness.crash_text(proc.returncode, proc.stderr or proc.stdout)}
-    return json.loads(lines[-1][len(PREFIX):])
+    return table.run_cell(model, mode, args, out_dir, script=__file__, prefix=PREFIX,
+                          suffix=".npz")
 
 
 def gradient_errors(cells: list) -> None:

@@ -14,10 +14,16 @@ import sys
 from test_plugin import ROOT
 
 
-def test_model_table_smoke(tmp_path):
+def _clean_env() -> dict:
+    """This process's environment without any mode's flags: the scripts set each mode's own."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "TF_XLA_FLAGS")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
+
+
+def test_model_table_smoke(tmp_path):
+    env = _clean_env()
     out = tmp_path / "table.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/model_table.py"), "--smoke",
                            "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
@@ -51,9 +57,7 @@ def test_model_table_smoke(tmp_path):
 def test_ab_models_smoke(tmp_path):
     """benchmarks/ab_models.py: both sides in one process, the tf side unfused, the other fused,
     the outputs equal, one block per round a side."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "TF_XLA_FLAGS")}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = _clean_env()
     out = tmp_path / "ab.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/ab_models.py"), "transformer_b1",
                            "--quick", "--rounds", "2", "--calls", "2", "--json", str(out)],
@@ -78,9 +82,7 @@ def test_ab_models_refuses_a_micro_workload(tmp_path):
 def test_model_table_rounds_give_medians_and_first_call_differences(tmp_path):
     """--rounds: each (model, mode) once per round in its own process, the modes' order rotated;
     the cell holds every round's first call and latency and their medians."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "TF_XLA_FLAGS")}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = _clean_env()
     out = tmp_path / "rounds.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/model_table.py"), "--smoke",
                            "--modes", "tf,autofuse", "--rounds", "2", "--json", str(out)],
@@ -108,9 +110,7 @@ def test_model_table_rounds_give_medians_and_first_call_differences(tmp_path):
 def test_train_table_smoke(tmp_path):
     """benchmarks/train_table.py: a training step per mode in a fresh process; the gradient
     error of each mode against the tf process's float64 gradients."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "TF_XLA_FLAGS")}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = _clean_env()
     out = tmp_path / "train.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/train_table.py"), "--smoke",
                            "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
