@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -415,12 +416,14 @@ def _activation_by_value(view: GraphView, value: Tensor, protected, device, dtyp
     through Erf or Erfc or Tanh...), judged by evaluating them with the op table's references
     on probe values; else None."""
     region, values = [], {value: _PROBE}
-    for name in view.order[view.position[value[0]] + 1:]:
-        if len(region) == _MOST_NODES:
-            break
+    # the readers of the values so far, visited in topological order (a node's operands from the
+    # region are evaluated before it)
+    frontier = [(view.position[c], c) for c in {c for c, _, _ in view.data_consumers(value[0])}]
+    heapq.heapify(frontier)
+    seen = {name for _, name in frontier}
+    while frontier and len(region) < _MOST_NODES:
+        _, name = heapq.heappop(frontier)
         inputs = view.data_inputs(name)
-        if not any(t in values for t in inputs):
-            continue
         spec = catalog.for_tf_op(view.node(name).op)
         if (spec is None or spec.kind not in (catalog.ELEMENTWISE, catalog.BROADCAST)
                 or spec.attrs or spec.result != "same" or name in protected
@@ -432,6 +435,9 @@ def _activation_by_value(view: GraphView, value: Tensor, protected, device, dtyp
         with np.errstate(all="ignore"):
             values[(name, 0)] = np.asarray(spec.reference(*operands), np.float64)
         region.append(name)
+        for reader in {c for c, _, _ in view.data_consumers(name)} - seen:
+            seen.add(reader)
+            heapq.heappush(frontier, (view.position[reader], reader))
     best = None
     for k, sink in enumerate(region):
         nodes = _closed_region(view, value, region[:k + 1], sink)
