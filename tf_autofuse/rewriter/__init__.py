@@ -199,7 +199,7 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
 
     errors.phase("lower")
     namer = Namer(node.name for node in graph_def.node)
-    plans, fusions = [], []
+    plans, kinds = [], []
 
     def add(kind: str, suffix, members: tuple, device: str, lowered) -> None:
         name = namer.name(kind, suffix)
@@ -207,9 +207,7 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         lowered = dataclasses.replace(lowered, program=passes.optimize(lowered.program))
         keep = frozenset(m for m in members if keeps_name(view, m, preserve))
         plans.append(Planned(name, members, device, lowered, keep))
-        fusions.append(Fusion(name, "pattern" if kind == "pattern" else lowered.kind,
-                              original_names(members, unfolded), lowered.op_types,
-                              lowered.program.print(), lowered.absorbed))
+        kinds.append("pattern" if kind == "pattern" else lowered.kind)
 
     for claim in claims:
         errors.at(claim.members[0])
@@ -227,9 +225,9 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         return Rewrite(without_groups(), [], refusals, taken)
     errors.phase("output views")
     plans = absorb_output_views(view, plans, preserve | feeds)
-    fusions = [dataclasses.replace(fusion, program=plan.lowered.program.print(),
-                                   absorbed=plan.lowered.absorbed)
-               for fusion, plan in zip(fusions, plans)]
+    fusions = [Fusion(plan.name, kind, original_names(plan.members, unfolded),
+                      plan.lowered.op_types, plan.lowered.program.print(), plan.lowered.absorbed)
+               for plan, kind in zip(plans, kinds)]
     # a Tile refused as a member may still be read through by its readers' kernel: then it is gone
     absorbed = {name for fusion in fusions for name in fusion.absorbed}
     refusals = [r for r in refusals if r[0] not in absorbed]
