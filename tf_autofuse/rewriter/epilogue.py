@@ -390,9 +390,7 @@ _PROBE = np.concatenate([np.linspace(-9.0, 9.0, 181), [-0.0, 1e-4, -1e-4, 0.03, 
 
 
 def _gelu_exact(x):
-    from .catalog import _erf_ref
-
-    return 0.5 * x * (1.0 + _erf_ref(x / np.sqrt(2.0)))
+    return 0.5 * x * (1.0 + catalog.for_ir_name("Erf").reference(x / np.sqrt(2.0)))
 
 
 # activation of TensorFlow's fused kernels -> its float64 reference
@@ -401,11 +399,9 @@ ACTIVATIONS = {
     "GeluExact": _gelu_exact,
     "GeluApproximate": lambda x: 0.5 * x * (1.0 + np.tanh(
         np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3))),
-    "Relu": lambda x: np.maximum(x, 0.0),
-    "Relu6": lambda x: np.minimum(np.maximum(x, 0.0), 6.0),
-    "Elu": lambda x: np.where(x < 0, np.expm1(x), x),
-    "Tanh": np.tanh,
-    "Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    # the activations that are ops of the table: its references
+    **{op: catalog.for_ir_name(op).reference
+       for op in ("Relu", "Relu6", "Elu", "Tanh", "Sigmoid")},
 }
 _MOST_NODES = 12
 
