@@ -55,7 +55,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 from . import catalog
 from .graph import GraphView, Tensor, parse_input, tensor_name
 from .partition import Refusal
-from .scope import ATTR as DISABLE_ATTR
+from . import scope
 
 PASS = "epilogue"
 
@@ -211,7 +211,7 @@ def fuse_epilogues(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, 
     editor = _Editor(view, shapes)
     protected = frozenset(policy.preserve | policy.feeds | policy.skip_names) | {
         node.name for node in view.nodes
-        if node.op in policy.skip_types or (DISABLE_ATTR in node.attr and node.attr[DISABLE_ATTR].b)}
+        if node.op in policy.skip_types or scope.disabled(node)}
     done, refusals = [], []
     for name in view.order:
         if view.node(name).op not in _FAMILY or name in editor.removed or name in protected:

@@ -30,10 +30,9 @@ from __future__ import annotations
 import dataclasses
 from typing import AbstractSet, Iterable, NamedTuple, Optional
 
-from . import catalog, cost, errors
+from . import catalog, cost, errors, scope
 from .graph import GraphView, node_name
 from .lower import Lowered, Unfusible, build, check, compute_ops
-from .scope import ATTR as DISABLE_ATTR
 
 
 class Refusal(NamedTuple):
@@ -78,7 +77,7 @@ def _refuse_candidate(view: GraphView, name: str, feeds: frozenset,
                       policy: Policy) -> Optional[str]:
     """Why the node cannot be fused at all, or None when it is a candidate."""
     node = view.node(name)
-    if DISABLE_ATTR in node.attr and node.attr[DISABLE_ATTR].b:
+    if scope.disabled(node):
         return "inside tf_autofuse.disable_autofuse()"
     if name in policy.skip_names:
         return "listed in --skip_node_names_cfg [ByNodeName]"
