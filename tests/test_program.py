@@ -292,6 +292,13 @@ def test_hoist_marks_the_batchnorm_invariants():
      "one cheap op: not worth a prologue"),
     ("in0: f32[4,16]\nin1: f32[16]\n%0 = Exp in1\n%1 = Add in0, in1\nout0 = %1\nout1 = %0\n",
      "an output"),
+    # a GELU gradient times a scalar learning rate: the input of the full shape is the only
+    # candidate, and a prologue over it computes as many elements as the loop
+    ("in0: f32[1024,512] -> [16,64,512]\nin1: f32[]\n%0 = Neg in0\n%1 = Mul 0.7071, %0\n"
+     "%2 = Square %1\n%3 = Erfc %1\n%4 = Neg %2\n%5 = Exp %4\n%6 = Mul %3, in0\n"
+     "%7 = Mul in1, %5\nout0 = %6\nout1 = %7\n", "no input smaller than the loop"),
+    ("in0: f32[4,16]\nin1: f32[4,16]\nin2: f32[]\n%0 = Exp in1\n%1 = Mul in0, %0\n"
+     "%2 = Mul %1, in2\nout0 = %2\n", "the candidate as large as the other input"),
     ("in0: f32[4,16]\nin1: f32[16]\n%0 = Exp in1\n%1 = Add in0, %0\n%2 = Sum %1 axes=[1]\n"
      "out0 = %2\n", "a program with reductions"),
 ])

@@ -16,6 +16,7 @@ program: names come from the fused TF nodes (naming.py), not from its instructio
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from . import catalog
 from . import program as ir
@@ -81,8 +82,11 @@ def hoist(program: ir.FusedProgram) -> ir.FusedProgram:
     program with reductions is left alone), not outputs, and keep their value in its stored
     type (no 16-bit value: computed apart, it would be rounded where the program keeps fp32).
     The S whose hoisted instructions cost most is taken, when the rest of the program still
-    reads some input as another shape, the rest reads some of their values and they cost at
-    least MIN_HOISTED_COST an element (catalog.element_cost)."""
+    reads some input as a larger shape (more elements, or sizes not known), the rest reads some
+    of their values and they cost at least MIN_HOISTED_COST an element (catalog.element_cost).
+    An S as large as the iteration shape saves nothing: the prologue would compute as many
+    elements as the loop, into temporaries of the tensors' size, and the loop would read them
+    back from memory (a GELU gradient whose only other input is a scalar learning rate)."""
     if program.reduce_axes() is not None:
         return program
     outputs = _output_values(program)
@@ -98,7 +102,8 @@ def hoist(program: ir.FusedProgram) -> ir.FusedProgram:
                    for i, inst in enumerate(program.instructions) if hoisted[i])
         main_refs = [o for i, inst in enumerate(program.instructions) if not hoisted[i]
                      for o in inst.operands if isinstance(o, ir.Ref)] + list(program.outputs)
-        large_read = any(r.kind == "in" and not small[r.index] for r in main_refs)
+        large_read = any(r.kind == "in" and not small[r.index]
+                         and _larger(program.read_shape(r.index), shape) for r in main_refs)
         read = any(r.kind == "%" and hoisted[r.index] for r in main_refs)
         if large_read and read and cost > best_cost:
             best, best_cost = hoisted, cost
@@ -107,6 +112,13 @@ def hoist(program: ir.FusedProgram) -> ir.FusedProgram:
     marked = [dataclasses.replace(inst, invariant=True) if best[i] else inst
               for i, inst in enumerate(program.instructions)]
     return ir.FusedProgram(program.inputs, marked, program.outputs, program.output_views)
+
+
+def _larger(shape, than: tuple) -> bool:
+    """Whether `shape` has more elements than the fully known `than`, or sizes not known."""
+    if not catalog.fully_known(shape):
+        return True
+    return math.prod(shape) > math.prod(than)
 
 
 def _hoistable(program: ir.FusedProgram, small: list, outputs: set, dtypes: list) -> list:
