@@ -641,6 +641,51 @@ def test_reductions_bit_identical_across_runs_and_threads(ops, dtype, shape, axi
     assert_bit_identical_across_threads(ops, program, values, 3, tmp_path)
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["no_final_pass", "final_pass"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("case", range(len(REDUCE_CASES)))
+def test_full_outputs_that_need_no_reduction(ops, case, dtype, late):
+    """A bias gradient's shape: the gradient and its Sum in one kernel. The full outputs that
+    depend on no reduction (a value, an input) are stored while the Sum accumulates; those that
+    read a reduced value (late) after it. Inputs computed in the step, so that TensorFlow may
+    give their buffers to the outputs: one that a later pass still reads must not be given."""
+    shape, axes = REDUCE_CASES[case]
+    rng = rng_for("early", case, dtype)
+    x = cast(rng.normal(1.0, 3.0, shape), dtype)
+    y = cast(rng.normal(1.0, 3.0, shape), dtype)
+    squeezed = [d for i, d in enumerate(shape) if i not in axes]
+    dims = ",".join("?" * len(shape))
+    program = (f"in0: {dtype}[{dims}]\nin1: {dtype}[{dims}]\n%0 = Mul in0, in1\n"
+               f"%1 = Sum %0 axes=[{','.join(map(str, axes))}]\n%2 = Sub %0, %1\n"
+               f"%3 = Sum %2 axes=[{','.join(map(str, axes))}]\n"
+               f"out0 = %0\nout1 = %1 -> [{','.join(map(str, squeezed))}]\nout2 = in1\n")
+    if late:
+        program += "out3 = %2\nout4 = %3\n"
+
+    @tf.function
+    def fused_fn(a, b, one):
+        return run_fused(ops, program, [a * one, b * one], [x.dtype] * (5 if late else 3))
+
+    got = fused_fn(x, y, tf.constant(1.0, x.dtype))
+    f32 = lambda t: np.asarray(t).astype(np.float32)  # noqa: E731 - f16 products are exact in f32
+    product = (f32(x) * f32(y)).astype(x.dtype.as_numpy_dtype)
+    np.testing.assert_array_equal(got[0].numpy(), product)
+    np.testing.assert_array_equal(got[2].numpy(), y.numpy())
+    v = as_f64(got[0])
+    ref = np.sum(v, axis=tuple(axes))
+    assert_float_close(as_f64(got[1]), ref.astype(np.float32), ref, dtype, f"Sum {shape}",
+                       scale=np.sum(np.abs(v), axis=tuple(axes)))
+    if late:
+        keep = got[1].numpy().reshape([1 if i in axes else d for i, d in enumerate(shape)])
+        want = (f32(got[0]) - keep.astype(np.float32)).astype(x.dtype.as_numpy_dtype)
+        if dtype == "f32":
+            np.testing.assert_array_equal(got[3].numpy(), want)
+        else:  # the kernel subtracts the fp32 Sum, not out1 (its f16 rounding)
+            np.testing.assert_allclose(f32(got[3]), f32(want), rtol=2e-3,
+                                       atol=2e-3 * float(np.max(np.abs(keep), initial=0)))
+        assert got[4].shape == tuple([1 if i in axes else d for i, d in enumerate(shape)])
+
+
 @pytest.mark.parametrize("n", [1023, 200_003])
 def test_forwarding_with_broadcast_inputs(ops, n):
     """A same-shape input may give its buffer to an output; a broadcast one never does."""

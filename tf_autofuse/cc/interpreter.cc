@@ -47,10 +47,12 @@
 //       finalize 0   reduced values that depend on no reduction (inputs that are 1 along the
 //                    reduced axes, read through their reduced-space BroadcastPlan);
 //       pass p       (p = 1..levels) the full values the level-p reductions read, tile by tile
-//                    over R, accumulated into per-reduction accumulators; then
+//                    over R, accumulated into per-reduction accumulators; pass 1 also stores
+//                    the full outputs that depend on no reduction (EarlyOutputs); then
 //       finalize p   the level-p reductions' results, the reduced instructions of level p, and
 //                    the stores of reduced outputs;
-//       final pass   the full values the full outputs need, reading reduced values broadcast.
+//       final pass   the full values the other full outputs need, reading reduced values
+//                    broadcast (no final pass when there are none).
 //     With inner == 1 a tile is a piece of a row and a reduced value is one scalar per item,
 //     accumulated in 16 lanes (lane = r mod 16) combined in lane order at the end; with inner > 1
 //     a tile is the item's inner chunk at one r, and the accumulators are one per inner index,
@@ -290,9 +292,10 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
     if (inst.reduced) reduced_index[i] = set->num_reduced++;
     if (IsReduction(inst.op)) accumulator_index[i] = set->num_accumulators++;
   }
+  const std::vector<bool> early = EarlyOutputs(program_);
   set->has_final = !program_.has_reductions();
   for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
-    if (!program_.OutputReduced(k)) set->has_final = true;
+    if (!program_.OutputReduced(k) && !early[k]) set->has_final = true;
   }
   const KeptValues kept = program_.has_reductions() ? PlanKeptValues(program_, set->has_final)
                                                     : KeptValues();
@@ -393,20 +396,39 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
   set->kept_offset = set->accumulator_offset + set->num_accumulators * 2 * set->buffer_bytes;
   set->scratch_bytes = set->kept_offset + set->num_kept * set->slot_bytes;
 
+  // An output may take over an input's buffer when the pass storing it reads that input's
+  // elements no later than it writes them and no later pass of an item reads the input (items
+  // cover disjoint elements).
+  const std::vector<const PassSchedules*> finals = {&set->final, &set->rows_final,
+                                                    &set->cols_final, &set->kept_row_final};
+  std::vector<const PassSchedules*> firsts, lasts;  // the first accumulate pass, those after it
+  for (const auto* family : {&set->accumulate, &set->rows_accumulate, &set->cols_accumulate,
+                             &set->kept_row_accumulate}) {
+    for (size_t p = 0; p < family->size(); ++p) {
+      (p == 0 ? firsts : lasts).push_back(&(*family)[p]);
+    }
+  }
+  if (set->has_final) lasts.insert(lasts.end(), finals.begin(), finals.end());
   set->forwardable.resize(program_.outputs.size());
   for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
-    if (program_.OutputReduced(k) || !set->has_final) continue;
+    if (program_.OutputReduced(k)) continue;
     const DType out_dtype = program_.OutputDType(k);
     for (size_t j = 0; j < program_.inputs.size(); ++j) {
       if (program_.inputs[j].dtype != out_dtype || broadcast[j] || program_.inputs[j].reduced) {
         continue;
       }
       bool safe = true;
-      for (const PassSchedules* pass :
-           {&set->final, &set->rows_final, &set->cols_final, &set->kept_row_final}) {
+      for (const PassSchedules* pass : early[k] ? firsts : finals) {
         for (const Schedule* s : {&pass->direct, &pass->streaming, &pass->staged}) {
           if (s->empty()) continue;
           if (s->last_input_read[j] > s->first_output_write[k]) safe = false;
+        }
+      }
+      if (early[k]) {
+        for (const PassSchedules* pass : lasts) {
+          for (const Schedule* s : {&pass->direct, &pass->streaming, &pass->staged}) {
+            if (!s->empty() && s->last_input_read[j] >= 0) safe = false;
+          }
         }
       }
       if (safe) set->forwardable[k].push_back(static_cast<int>(j));

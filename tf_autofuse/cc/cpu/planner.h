@@ -66,9 +66,42 @@ struct Pass {
   bool keep = false;  // row-group mode: values several passes need are kept (PlanKeptValues)
 };
 
-// The full values a full pass computes or reads: those its roots (full outputs, or the operands
-// of this level's reductions) depend on through full values, not looking past a value for which
-// `stop` (null: none) is true.
+// Per output of a program with reductions: a full output that depends on no reduction, stored
+// by the first accumulate pass instead of the final one. That pass visits every full element
+// once like the final pass, and often computes the value anyway (a bias gradient's Sum and the
+// gradient it sums): stored there, the final pass does not read the inputs and compute the
+// value a second time, and a program whose full outputs are all early has no final pass.
+std::vector<bool> EarlyOutputs(const Program& program) {
+  const int n = static_cast<int>(program.instructions.size());
+  std::vector<bool> after_reduction(n, false);
+  for (int i = 0; i < n; ++i) {
+    const Instruction& inst = program.instructions[i];
+    bool after = IsReduction(inst.op);
+    for (int k = 0; k < inst.num_operands; ++k) {
+      const Operand& x = inst.operands[k];
+      if (x.kind == Operand::Kind::kValue && after_reduction[x.index]) after = true;
+    }
+    after_reduction[i] = after;
+  }
+  std::vector<bool> early(program.outputs.size(), false);
+  if (!program.has_reductions()) return early;
+  for (size_t k = 0; k < program.outputs.size(); ++k) {
+    const Operand& x = program.outputs[k].operand;
+    early[k] = !program.IsReduced(x) &&
+               (x.kind == Operand::Kind::kInput ||
+                (x.kind == Operand::Kind::kValue && !after_reduction[x.index]));
+  }
+  return early;
+}
+
+// The pass that stores full output k: accumulate level 1 for an early output, else the final.
+bool StoresOutput(const std::vector<bool>& early, Pass::Kind kind, int level, size_t k) {
+  return early[k] ? kind == Pass::Kind::kAccumulate && level == 1 : kind == Pass::Kind::kFinal;
+}
+
+// The full values a full pass computes or reads: those its roots (the full outputs it stores,
+// and in an accumulate pass the operands of this level's reductions) depend on through full
+// values, not looking past a value for which `stop` (null: none) is true.
 std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int level,
                                    const std::function<bool(int)>& stop = nullptr) {
   const int n = static_cast<int>(program.instructions.size());
@@ -78,9 +111,11 @@ std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int 
       needed[x.index] = true;
     }
   };
-  if (kind == Pass::Kind::kFinal) {
-    for (const Output& out : program.outputs) mark(out.operand);
-  } else {
+  const std::vector<bool> early = EarlyOutputs(program);
+  for (size_t k = 0; k < program.outputs.size(); ++k) {
+    if (StoresOutput(early, kind, level, k)) mark(program.outputs[k].operand);
+  }
+  if (kind == Pass::Kind::kAccumulate) {
     for (const Instruction& inst : program.instructions) {
       if (IsReduction(inst.op) && inst.level == level) mark(inst.operands[0]);
     }
@@ -142,7 +177,8 @@ class Planner {
         pass_(pass),
         reduced_index_(reduced_index),
         accumulator_index_(accumulator_index),
-        kept_(pass.keep ? kept : nullptr) {}
+        kept_(pass.keep ? kept : nullptr),
+        early_(EarlyOutputs(program)) {}
 
   Schedule Build() {
     const int n = static_cast<int>(program_.instructions.size());
@@ -159,7 +195,7 @@ class Planner {
       for (int i = 0; i < n; ++i) {
         if (needed[i] && KeptFromEarlier(i)) {
           value_loc_[i] = KeptLoc(i);
-          if (pass_.kind == Pass::Kind::kFinal) EmitOutputsOf(i, -1);
+          EmitOutputsOf(i, -1);
         } else if (needed[i]) {
           EmitInstruction(i);
         }
@@ -169,7 +205,7 @@ class Planner {
           EmitAccumulate(i);
         }
       }
-      if (pass_.kind == Pass::Kind::kFinal) EmitInputOutputs();
+      if (pass_.kind != Pass::Kind::kFinalize) EmitInputOutputs();
     }
     AssignSlots();
     RecordTensorAccesses();
@@ -298,14 +334,12 @@ class Planner {
     Step step = ComputeStep(i);
     // The first output of this value receives it directly when its tensor holds the compute type.
     int direct_output = -1;
-    if (pass_.kind == Pass::Kind::kFinal) {
-      for (size_t k = 0; k < program_.outputs.size(); ++k) {
-        if (IsOutputOf(program_.outputs[k], i)) {
-          if (access_.direct_outputs && IsComputedAsStored(inst.dtype)) {
-            direct_output = static_cast<int>(k);
-          }
-          break;
+    for (size_t k = 0; k < program_.outputs.size(); ++k) {
+      if (IsOutputOf(program_.outputs[k], i) && Stores(k)) {
+        if (access_.direct_outputs && IsComputedAsStored(inst.dtype)) {
+          direct_output = static_cast<int>(k);
         }
+        break;
       }
     }
     const bool kept = kept_ != nullptr && kept_->index[i] >= 0;
@@ -315,14 +349,19 @@ class Planner {
                                   : NewRegister();
     value_loc_[i] = step.dst;
     schedule_.steps.push_back(step);
-    if (pass_.kind == Pass::Kind::kFinal) EmitOutputsOf(i, direct_output);
+    EmitOutputsOf(i, direct_output);
   }
 
-  // Every output of value i but `written` (final pass): stored right away, so that its slot can
-  // be released early.
+  // Whether this pass stores full output k (EarlyOutputs).
+  bool Stores(size_t k) const { return StoresOutput(early_, pass_.kind, pass_.level, k); }
+
+  // Every output of value i this pass stores but `written`: stored right away, so that its slot
+  // can be released early.
   void EmitOutputsOf(int i, int written) {
     for (size_t k = 0; k < program_.outputs.size(); ++k) {
-      if (!IsOutputOf(program_.outputs[k], i) || static_cast<int>(k) == written) continue;
+      if (!IsOutputOf(program_.outputs[k], i) || static_cast<int>(k) == written || !Stores(k)) {
+        continue;
+      }
       EmitStore(value_loc_[i], program_.instructions[i].dtype, static_cast<int>(k));
     }
   }
@@ -345,7 +384,9 @@ class Planner {
   void EmitInputOutputs() {
     for (size_t k = 0; k < program_.outputs.size(); ++k) {
       const Operand& out = program_.outputs[k].operand;
-      if (out.kind != Operand::Kind::kInput || program_.inputs[out.index].reduced) continue;
+      if (out.kind != Operand::Kind::kInput || program_.inputs[out.index].reduced || !Stores(k)) {
+        continue;
+      }
       const DType dtype = program_.inputs[out.index].dtype;
       if (!broadcast_[out.index]) {
         EmitStore(TensorLoc(Loc::Kind::kInput, out.index), dtype, static_cast<int>(k));
@@ -488,6 +529,7 @@ class Planner {
   std::vector<Loc> value_loc_;
   std::map<int, Loc> expanded_;
   const KeptValues* kept_;  // row-group passes only, else null
+  const std::vector<bool> early_;  // EarlyOutputs
 };
 
 }  // namespace
