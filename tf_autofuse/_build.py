@@ -334,12 +334,12 @@ def _native_exclusions(cxx: str) -> list[str]:
 
 
 # On x86 the assembler pads so that no jump crosses or ends on a 32-byte boundary. Intel cores
-# from Skylake to Cascade Lake (the JCC erratum microcode update) stop caching such jumps' decoded
-# micro-ops, and a tight loop whose compare-and-branch straddles a boundary then runs from the
-# legacy decoders: where a loop lands is a matter of how the rest of the library happened to be
-# laid out, so any edit anywhere could slow an unrelated kernel (the streaming store loop
-# of abs->relu->exp did). Padding makes loop speed independent of layout; other cores lose
-# nothing measurable to the few extra bytes.
+# cache decoded micro-ops by 32-byte window, and a tight loop whose compare-and-branch straddles
+# a boundary runs from the legacy decoders instead (the JCC erratum microcode update of the
+# Skylake family made it so there; AVX-512 Xeons after it still showed it on our loops). Where a
+# loop lands depends on how the rest of the library happens to be laid out, so any edit
+# anywhere could slow an unrelated kernel (the streaming store loop of abs->relu->exp did).
+# Padding makes loop speed independent of layout, for a few bytes of code.
 _X86_BRANCH_ALIGN = ["-Wa,-mbranches-within-32B-boundaries"]
 
 
