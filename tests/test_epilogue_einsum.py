@@ -1,0 +1,208 @@
+"""Einsum and BatchMatMulV2 that are one matrix multiplication (rewriter/einsum.py) take their
+bias and activation as a `_FusedMatMul` between Reshapes (rewriter/epilogue.py): the rewritten
+graph's structure, its numbers against the unfused graph and float64, the refusals and their
+reasons, and Keras' MultiHeadAttention run through the plugin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_autofuse
+from tf_autofuse import rewriter
+from tf_autofuse.fuser import static_shapes
+from tf_autofuse.rewriter import epilogue
+
+from test_epilogue import Net, _fused_ops, _node, _ops, _values
+
+tf1 = tf.compat.v1
+
+pytestmark = pytest.mark.skipif(not tf_autofuse.is_available(),
+                                reason="tf_autofuse's kernel library is not available")
+
+
+def _product(result):
+    """The one _FusedMatMul of the rewrite, the Reshape of its left operand and the Reshape
+    after it (named as the chain's last node)."""
+    (done,) = result.epilogues
+    fused = _node(result.graph_def, done.name)
+    assert fused.op == "_FusedMatMul" and done.op == "_FusedMatMul"
+    (after,) = [n for n in result.graph_def.node if n.input and n.input[0] == fused.name]
+    rows = _node(result.graph_def, fused.input[0])
+    return fused, rows, after
+
+
+def _shape_of(graph_def, reshape):
+    return tuple(tf.make_ndarray(_node(graph_def, reshape.input[1]).attr["value"].tensor))
+
+
+def test_query_projection_abc_cde_abde_takes_its_bias():
+    # EinsumDense of MultiHeadAttention's query/key/value: [B,T,C] x [C,H,D] + [H,D]
+    def build(x, c):
+        y = tf.einsum("abc,cde->abde", x, c(_values(6, 3, 4)))
+        return y + c(_values(3, 4))
+
+    net = Net(build, (2, 5, 6))
+    result = net.rewrite()
+    fused, rows, after = _product(result)
+    assert _fused_ops(fused) == ["BiasAdd"]
+    assert not fused.attr["transpose_a"].b and not fused.attr["transpose_b"].b
+    assert rows.op == "Reshape" and rows.input[0] == "x"
+    assert _shape_of(result.graph_def, rows) == (-1, 6)
+    assert after.op == "Reshape" and after.name == result.epilogues[0].nodes[-1]
+    assert _shape_of(result.graph_def, after) == (2, 5, 3, 4)
+    assert "Einsum" not in _ops(result.graph_def) and "AddV2" not in _ops(result.graph_def)
+    assert result.epilogues[0].nodes == ("einsum/Einsum", "add")
+    net.check_numbers(result)
+
+
+def test_output_projection_abcd_cde_abe_takes_its_bias():
+    # EinsumDense of MultiHeadAttention's output: [B,T,H,D] x [H,D,E] + [E]
+    def build(x, c):
+        return tf.einsum("abcd,cde->abe", x, c(_values(3, 4, 5))) + c(_values(5))
+
+    net = Net(build, (2, 7, 3, 4))
+    result = net.rewrite()
+    fused, rows, after = _product(result)
+    assert _fused_ops(fused) == ["BiasAdd"]
+    assert _shape_of(result.graph_def, rows) == (-1, 12)
+    assert _shape_of(result.graph_def, after) == (2, 7, 5)
+    matrix = _node(result.graph_def, fused.input[1])  # the [H,D,E] kernel read as [12, 5]
+    assert matrix.op == "Reshape" and _shape_of(result.graph_def, matrix) == (12, 5)
+    assert "Einsum" not in _ops(result.graph_def)
+    net.check_numbers(result)
+
+
+@pytest.mark.parametrize("activation", ["Relu", "GeluExact"])
+def test_abc_cd_abd_with_bias_and_activation(activation):
+    act = {"Relu": tf.nn.relu, "GeluExact": lambda v: tf.nn.gelu(v, approximate=False)}
+    net = Net(lambda x, c: act[activation](tf.einsum("abc,cd->abd", x, c(_values(6, 5)))
+                                           + c(_values(5))), (3, 4, 6))
+    result = net.rewrite()
+    if activation not in epilogue.accepts("matmul"):
+        assert any(f"with {activation}:" in r.reason for r in result.refusals)
+        return
+    fused, rows, after = _product(result)
+    assert _fused_ops(fused) == ["BiasAdd", activation]
+    assert fused.input[1] == "Const"  # already a [K, N] matrix: read as it is
+    assert _shape_of(result.graph_def, after) == (3, 4, 5)
+    assert _ops(result.graph_def) == ["Reshape", "Reshape", "_FusedMatMul"]
+    net.check_numbers(result)
+
+
+def test_a_transposed_right_operand_abc_dc_abd():
+    net = Net(lambda x, c: tf.nn.relu(tf.einsum("abc,dc->abd", x, c(_values(5, 6)))
+                                      + c(_values(5))), (2, 3, 6))
+    result = net.rewrite()
+    fused, _, _ = _product(result)
+    assert fused.attr["transpose_b"].b
+    net.check_numbers(result)
+
+
+def test_batch_matmul_with_a_matrix_on_the_right():
+    # Keras 3 writes Dense / EinsumDense on [B,T,C] as BatchMatMulV2 [B,T,C] x [C,N]
+    net = Net(lambda x, c: tf.nn.bias_add(tf.linalg.matmul(x, c(_values(6, 8))), c(_values(8))),
+              (2, 5, 6))
+    graph = net.graphs[tf.float32].as_graph_def()
+    assert "BatchMatMulV2" in _ops(graph)
+    result = net.rewrite()
+    fused, rows, after = _product(result)
+    assert _fused_ops(fused) == ["BiasAdd"]
+    assert _shape_of(result.graph_def, rows) == (-1, 6)
+    assert _shape_of(result.graph_def, after) == (2, 5, 8)
+    assert "BatchMatMulV2" not in _ops(result.graph_def)
+    net.check_numbers(result)
+
+
+def test_keras_einsum_dense_form_batch_matmul_reshape_bias_over_two_axes():
+    # what Keras 3 emits for "abc,cde->abde": BatchMatMulV2 with the kernel as [C, H*D], a
+    # Reshape to [B,T,H,D], the [H,D] bias added
+    def build(x, c):
+        kernel = tf.reshape(c(_values(6, 2, 4)), [6, 8])
+        y = tf.reshape(tf.linalg.matmul(x, kernel), [3, 5, 2, 4])
+        return c(_values(2, 4)) + y
+
+    net = Net(build, (3, 5, 6))
+    result = net.rewrite()
+    fused, _, after = _product(result)
+    assert _fused_ops(fused) == ["BiasAdd"]
+    bias = _node(result.graph_def, fused.input[2])
+    assert bias.op == "Reshape"  # the [H,D] bias read as [H*D]
+    assert _shape_of(result.graph_def, after) == (3, 5, 2, 4)
+    assert "BatchMatMulV2" not in _ops(result.graph_def)
+    net.check_numbers(result)
+
+
+def test_products_of_one_input_share_its_row_view():
+    def build(x, c):
+        q = tf.einsum("abc,cde->abde", x, c(_values(6, 2, 3))) + c(_values(2, 3))
+        k = tf.einsum("abc,cde->abde", x, c(_values(6, 2, 3))) + c(_values(2, 3))
+        return q * k
+
+    net = Net(build, (2, 4, 6))
+    result = net.rewrite()
+    assert [e.op for e in result.epilogues] == ["_FusedMatMul"] * 2
+    lefts = {_node(result.graph_def, e.name).input[0] for e in result.epilogues}
+    assert len(lefts) == 1
+    net.check_numbers(result)
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+def _refusal(result, op):
+    reasons = [r.reason for r in result.refusals if r.reason.startswith(f"{op} epilogue")]
+    assert not result.epilogues and len(reasons) == 1, (result.epilogues, reasons)
+    return reasons[0]
+
+
+def test_shared_batch_axes_are_refused():
+    net = Net(lambda x, c: tf.einsum("abc,acd->abd", x, c(_values(2, 6, 5))) + c(_values(5)),
+              (2, 3, 6))
+    result = net.rewrite()
+    assert "shares batch axes a between the operands" in _refusal(result, "Einsum")
+    assert "Einsum" in _ops(result.graph_def)
+    net.check_numbers(result)
+
+
+def test_a_batch_matmul_with_batches_on_the_right_is_refused():
+    net = Net(lambda x, c: tf.linalg.matmul(x, c(_values(2, 6, 5))) + c(_values(5)), (2, 3, 6))
+    result = net.rewrite()
+    assert "has batch axes" in _refusal(result, "BatchMatMulV2")
+    net.check_numbers(result)
+
+
+def test_a_bias_not_over_all_trailing_output_axes_is_not_taken():
+    # [D] over [B,T,H,D]: one value per D, not per (H, D) column of the product
+    net = Net(lambda x, c: tf.einsum("abc,cde->abde", x, c(_values(6, 3, 4))) + c(_values(4)),
+              (2, 5, 6))
+    result = net.rewrite()
+    assert not result.epilogues
+    assert "Einsum" in _ops(result.graph_def)
+    net.check_numbers(result)
+    # over the leading output axes: a bias per row, not per column
+    net = Net(lambda x, c: tf.einsum("abc,cd->abd", x, c(_values(6, 4)))
+              + c(_values(2, 5, 1)), (2, 5, 6))
+    result = net.rewrite()
+    assert not result.epilogues and "Einsum" in _ops(result.graph_def)
+
+
+def test_float64_is_refused_with_its_reason():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float64, [2, 3, 6], name="x")
+        y = tf.einsum("abc,cd->abd", x, tf.constant(_values(6, 4)))
+        tf.identity(y + tf.constant(_values(4)), name="out")
+    graph_def = g.as_graph_def()
+    result = rewriter.rewrite(graph_def, preserve=["out", "x"], feeds=["x"],
+                              shapes=static_shapes(graph_def, g))
+    assert _refusal(result, "Einsum") == "Einsum epilogue: only float32 operators take one"
+
+
+def test_an_einsum_without_an_epilogue_is_not_a_refusal():
+    # the attention scores, a batch of products, followed by a scalar scale: nothing to take
+    net = Net(lambda x, c: tf.einsum("abcd,aecd->acbe", x, x) * 0.5, (1, 3, 2, 4))
+    result = net.rewrite()
+    assert not result.epilogues
+    assert not [r for r in result.refusals if "epilogue" in r.reason]
