@@ -206,3 +206,38 @@ def test_an_einsum_without_an_epilogue_is_not_a_refusal():
     result = net.rewrite()
     assert not result.epilogues
     assert not [r for r in result.refusals if "epilogue" in r.reason]
+
+
+# --- Keras MultiHeadAttention through the CPU plugin ------------------------------------------
+
+
+def test_keras_multi_head_attention_runs_its_projections_as_fused_matmuls(tmp_path):
+    """In a fresh process (AUTOFUSE_FLAGS is read at import): the query, key, value and output
+    projections and the Dense after them are _FusedMatMul nodes once Grappler's own passes
+    (the remapper among them) have run after ours, oneDNN runs them as its fused MatMul kernel,
+    and the output is unfused TensorFlow's within float32 tolerance, no further from float64."""
+    import json
+
+    from test_plugin import ROOT, python
+
+    out = tmp_path / "attention.npz"
+    stdout = python([ROOT / "tests/scripts/attention.py", out],
+                    "--enable_autofuse=true;--autofuse_enable_pass=reduce", tmp_path)
+    report = json.loads(stdout.splitlines()[-1])
+    unfused, fused = report["unfused"], report["fused"]
+    assert not unfused["fused_matmuls"] and unfused["kernels"]["BatchMatMulV2"] == 4
+    names = {name.split("/")[-2]: ops for name, ops in fused["fused_matmuls"]}
+    assert names == {"query_1": ["BiasAdd"], "key_1": ["BiasAdd"], "value_1": ["BiasAdd"],
+                     "attention_output_1": ["BiasAdd"], "Tensordot": ["BiasAdd", "Relu"]}
+    assert "BatchMatMulV2" not in fused["kernels"] and "AddV2" not in fused["kernels"]
+    assert fused["kernels"]["Einsum"] == 2  # the attention's own batches of products
+    kernel = "_MklNativeFusedMatMul" if epilogue.onednn() else "_FusedMatMul"
+    assert fused["executed"].count(kernel) == 5
+    outputs = np.load(out)
+    exact = outputs["f64"]
+    scale = np.max(np.abs(exact))
+    np.testing.assert_allclose(outputs["fused"], outputs["unfused"], rtol=1e-5,
+                               atol=1e-6 * scale)
+    unfused_error = np.max(np.abs(outputs["unfused"] - exact)) / scale
+    fused_error = np.max(np.abs(outputs["fused"] - exact)) / scale
+    assert fused_error <= 2 * unfused_error + 4 * np.finfo(np.float32).eps
