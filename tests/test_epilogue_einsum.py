@@ -148,6 +148,65 @@ def test_products_of_one_input_share_its_row_view():
     net.check_numbers(result)
 
 
+def test_an_unknown_batch_size_is_the_reshape_s_one_unknown_size():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, 5, 6], name="x")
+        y = tf.einsum("abc,cde->abde", x, tf.constant(_values(6, 3, 4), tf.float32))
+        tf.identity(y + tf.constant(_values(3, 4), tf.float32), name="out")
+    graph_def = g.as_graph_def()
+    result = rewriter.rewrite(graph_def, preserve=["out", "x"], feeds=["x"],
+                              shapes=static_shapes(graph_def, g))
+    fused, rows, after = _product(result)
+    assert _shape_of(result.graph_def, after) == (-1, 5, 3, 4)
+    x = _values(3, 5, 6).astype(np.float32)
+    runs = []
+    for graph in (graph_def, result.graph_def):
+        with tf.Graph().as_default() as run_graph:
+            tf1.import_graph_def(graph, name="")
+        with tf1.Session(graph=run_graph) as session:
+            runs.append(session.run("out:0", {"x:0": x}))
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6, atol=1e-6)
+
+
+def test_two_unknown_sizes_are_refused():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, None, 6], name="x")
+        y = tf.einsum("abc,cde->abde", x, tf.constant(_values(6, 3, 4), tf.float32))
+        tf.identity(y + tf.constant(_values(3, 4), tf.float32), name="out")
+    graph_def = g.as_graph_def()
+    result = rewriter.rewrite(graph_def, preserve=["out", "x"], feeds=["x"],
+                              shapes=static_shapes(graph_def, g))
+    assert _refusal(result, "Einsum") == (
+        "Einsum epilogue: its output shape [?,?,3,4] is not static but for one size (the "
+        "Reshape after the fused MatMul needs it)")
+
+
+def test_the_pass_over_its_own_output_changes_nothing():
+    net = Net(lambda x, c: tf.nn.relu(tf.einsum("abc,cde->abde", x, c(_values(6, 3, 4)))
+                                      + c(_values(3, 4))), (2, 5, 6))
+    once = net.rewrite().graph_def
+    twice = rewriter.rewrite(once, preserve=["out", "x"], feeds=["x"],
+                             shapes=static_shapes(once)).graph_def
+    assert twice.SerializeToString(deterministic=True) == once.SerializeToString(
+        deterministic=True)
+
+
+def test_a_scale_folds_into_the_einsum_kernel_read_as_a_matrix():
+    def build(x, c):
+        y = tf.einsum("abc,cde->abde", x, c(_values(3, 2, 2)))
+        return tf.nn.relu(y * c(_values(2, 2, low=0.5)) + c(_values(2, 2)))
+
+    net = Net(build, (4, 16, 3))
+    result = net.rewrite(epilogue_scale=True)
+    fused, _, after = _product(result)
+    assert _fused_ops(fused) == ["BiasAdd", "Relu"]
+    assert _shape_of(result.graph_def, after) == (4, 16, 2, 2)
+    net.check_numbers(result)
+    assert "scale" in _refusal(net.rewrite(epilogue_scale=False), "Einsum")
+
+
 # --- refusals ---------------------------------------------------------------------------------
 
 
@@ -173,19 +232,23 @@ def test_a_batch_matmul_with_batches_on_the_right_is_refused():
     net.check_numbers(result)
 
 
-def test_a_bias_not_over_all_trailing_output_axes_is_not_taken():
+def test_a_bias_not_over_all_trailing_output_axes_is_refused():
     # [D] over [B,T,H,D]: one value per D, not per (H, D) column of the product
     net = Net(lambda x, c: tf.einsum("abc,cde->abde", x, c(_values(6, 3, 4))) + c(_values(4)),
               (2, 5, 6))
     result = net.rewrite()
-    assert not result.epilogues
+    assert _refusal(result, "Einsum") == (
+        "Einsum epilogue: the AddV2 of a [4] operand to its [2,5,3,4] output is not one value "
+        "per output channel [3,4]: not a bias of the fused kernel")
     assert "Einsum" in _ops(result.graph_def)
     net.check_numbers(result)
-    # over the leading output axes: a bias per row, not per column
+    # over the leading output axes: a value per row, not per column
     net = Net(lambda x, c: tf.einsum("abc,cd->abd", x, c(_values(6, 4)))
               + c(_values(2, 5, 1)), (2, 5, 6))
     result = net.rewrite()
-    assert not result.epilogues and "Einsum" in _ops(result.graph_def)
+    assert "[2,5,1] operand to its [2,5,4] output" in _refusal(result, "Einsum")
+    assert "Einsum" in _ops(result.graph_def)
+    net.check_numbers(result)
 
 
 def test_float64_is_refused_with_its_reason():

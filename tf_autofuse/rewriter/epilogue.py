@@ -335,6 +335,7 @@ def _chain(view: GraphView, name: str, protected: frozenset):
     value, device, dtype = (name, 0), node.device, view.dtype(name)
     # the stages in their order: each takes the node reading the value, or leaves it
     stage = "centre" if not has_bias else "scale"
+    off = ""  # why the first map node met is not a per-channel one, when it is broadcast
     while True:
         reader = _only_consumer(view, value[0], protected)
         if reader is None or not _joinable(view, reader, device, dtype):
@@ -343,6 +344,7 @@ def _chain(view: GraphView, name: str, protected: frozenset):
         if stage == "centre" and op in ("BiasAdd", "Add", "AddV2", "Sub"):
             vector = _channel_operand(view, reader, value, chain.columns, protected)
             if vector is None or (op == "Sub" and view.data_inputs(reader)[0] != value):
+                off = _off_columns(view, reader, value, chain.columns)
                 break
             if op == "Sub":
                 chain.sub = vector
@@ -374,7 +376,7 @@ def _chain(view: GraphView, name: str, protected: frozenset):
         chain.nodes.pop()
         chain.reshape = None
     if not chain.nodes:
-        return None, ""
+        return None, f"{node.op} epilogue: {off}" if off and not not_one else ""
     if not_one:
         return None, not_one
     if dtype != types_pb2.DT_FLOAT:
@@ -384,6 +386,21 @@ def _chain(view: GraphView, name: str, protected: frozenset):
     if family == "conv" and node.attr["data_format"].s not in (b"", b"NHWC"):
         return None, f"{node.op} epilogue: data_format {node.attr['data_format'].s.decode()}"
     return chain, None
+
+
+def _off_columns(view: GraphView, name: str, value: Tensor, columns: tuple) -> str:
+    """Why binary node `name` does not add a bias to `value` when its other operand is a
+    smaller tensor broadcast over it (one value per row, or per part of a channel); "" when it
+    is not (a tensor of the value's size, a scalar, an unknown shape)."""
+    inputs = view.data_inputs(name)
+    other = inputs[1] if len(inputs) == 2 and inputs[0] == value else inputs[0]
+    shape, value_shape = view.tensor_shape(other), view.tensor_shape(value)
+    if (len(inputs) != 2 or not shape or value_shape is None
+            or min(*shape, *value_shape) < 0 or np.prod(shape) >= np.prod(value_shape)):
+        return ""
+    return (f"the {view.node(name).op} of a {einsum.shape_text(shape)} operand to its "
+            f"{einsum.shape_text(value_shape)} output is not one value per output channel "
+            f"{einsum.shape_text(columns)}: not a bias of the fused kernel")
 
 
 def _trailing(shape, channels: int) -> Optional[tuple]:
