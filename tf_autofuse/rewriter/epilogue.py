@@ -33,7 +33,10 @@ The activation is recognised by its values (`ACTIVATIONS`): the elementwise node
 are evaluated with the op table's references on probe values, so a GELU through Erf, Erfc or
 Tanh and `x * sigmoid(x)` are found however the graph writes them. A Reshape that keeps the
 channels last may sit between a MatMul and its map (a Dense layer on [batch, sequence,
-features]): the fused node computes in the MatMul's shape and a Reshape follows it.
+features]): the fused node computes in the MatMul's shape and a Reshape follows it. An Einsum
+or BatchMatMulV2 that is one matrix multiplication (einsum.py: Keras EinsumDense) is read as a
+MatMul between Reshapes; its channels are its output's trailing axes that come from the right
+operand ([H, D] of a [B, T, H, D] projection), its bias one value per such column.
 
 What the fused kernels accept depends on TensorFlow's CPU build: with oneDNN (TensorFlow's
 default on x86 Linux) more activations, and a depthwise kernel, than with Eigen alone. `_ONEDNN`
