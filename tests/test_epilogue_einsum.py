@@ -304,3 +304,55 @@ def test_keras_multi_head_attention_runs_its_projections_as_fused_matmuls(tmp_pa
     unfused_error = np.max(np.abs(outputs["unfused"] - exact)) / scale
     fused_error = np.max(np.abs(outputs["fused"] - exact)) / scale
     assert fused_error <= 2 * unfused_error + 4 * np.finfo(np.float32).eps
+
+
+# --- the equation analysis against numpy -------------------------------------------------------
+
+
+def _random_equation(rng):
+    """Labels of each role (rows, contracted, columns, batch, summed on one side), each operand's
+    and the output's in a random order or in the one-MatMul order."""
+    letters = iter("abcdefghij")
+    take = lambda n: [next(letters) for _ in range(n)]  # noqa: E731
+    rows, contracted, columns = take(rng.integers(0, 3)), take(rng.integers(1, 3)), take(
+        rng.integers(0, 3))
+    batch, summed = take(rng.integers(0, 2) * (rng.random() < 0.3)), take(
+        rng.integers(0, 2) * (rng.random() < 0.2))
+    left = batch + rows + summed + contracted
+    right = batch + (columns + contracted if rng.random() < 0.3 else contracted + columns)
+    out = batch + rows + columns
+    for labels in (left, right, out):
+        if rng.random() < 0.3:
+            rng.shuffle(labels)
+    sizes = {c: int(rng.integers(2, 5)) for c in "abcdefghij"}
+    eq = f"{''.join(left)},{''.join(right)}->{''.join(out)}"
+    return eq, [sizes[c] for c in left], [sizes[c] for c in right]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_an_equation_taken_as_one_matmul_computes_the_einsum(seed):
+    from tf_autofuse.rewriter import einsum
+
+    rng = np.random.default_rng(seed)
+    eq, left_shape, right_shape = _random_equation(rng)
+    found, reason = einsum._einsum(eq, tuple(left_shape), tuple(right_shape))
+    a, b = rng.standard_normal(left_shape), rng.standard_normal(right_shape)
+    expected = np.einsum(eq, a, b)
+    if found is None:
+        assert reason and eq in reason
+        return
+    matrix = b.reshape(found.n, found.k).T if found.transpose_b else b.reshape(found.k, found.n)
+    got = (a.reshape(-1, found.k) @ matrix).reshape(expected.shape)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert found.rows + found.columns == expected.shape
+
+
+@pytest.mark.parametrize("eq", ["abc,cde->abde", "abcd,cde->abe", "abc,cd->abd", "abc,dc->abd",
+                                "ab,bc->ac", "abcd,ecd->abe", "c,cd->d"])
+def test_the_one_matmul_forms_are_found(eq):
+    from tf_autofuse.rewriter import einsum
+
+    sizes = dict(zip("abcde", (2, 3, 4, 5, 6)))
+    left, right = (tuple(sizes[c] for c in part) for part in eq.split("->")[0].split(","))
+    found, reason = einsum._einsum(eq, left, right)
+    assert found is not None, reason
