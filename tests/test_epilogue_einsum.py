@@ -134,6 +134,38 @@ def test_keras_einsum_dense_form_batch_matmul_reshape_bias_over_two_axes():
     net.check_numbers(result)
 
 
+def test_a_matrix_on_the_left_is_read_as_it_is():
+    net = Net(lambda x, c: tf.nn.relu(tf.einsum("ab,bc->ac", x, c(_values(6, 4)))
+                                      + c(_values(4))), (5, 6))
+    result = net.rewrite()
+    fused, _, after = _product(result)
+    assert fused.input[0] == "x" and _shape_of(result.graph_def, after) == (5, 4)
+    net.check_numbers(result)
+
+
+def test_a_fed_reshape_before_the_product_is_read_not_read_through():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [2, 3, 4], name="x")
+        rows = tf.reshape(x, [2, 2, 6], name="rows")
+        y = tf.einsum("abc,cd->abd", rows, tf.constant(_values(6, 5), tf.float32))
+        tf.identity(y + tf.constant(_values(5), tf.float32), name="out")
+    graph_def = g.as_graph_def()
+    result = rewriter.rewrite(graph_def, preserve=["out", "x"], feeds=["x", "rows"],
+                              shapes=static_shapes(graph_def, g))
+    fused, left, _ = _product(result)
+    assert left.op == "Reshape" and left.input[0] == "rows"
+    fed = _values(2, 2, 6).astype(np.float32)
+    runs = []
+    for graph in (graph_def, result.graph_def):
+        with tf.Graph().as_default() as run_graph:
+            tf1.import_graph_def(graph, name="")
+        with tf1.Session(graph=run_graph) as session:
+            runs.append(session.run("out:0", {"x:0": np.zeros((2, 3, 4), np.float32),
+                                              "rows:0": fed}))
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6, atol=1e-6)
+
+
 def test_products_of_one_input_share_its_row_view():
     def build(x, c):
         q = tf.einsum("abc,cde->abde", x, c(_values(6, 2, 3))) + c(_values(2, 3))

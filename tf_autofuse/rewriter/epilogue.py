@@ -152,7 +152,7 @@ class _Editor:
         self.added: list = []
         self.replaced: dict = {}  # name -> the node standing in its place
         self.removed: set = set()
-        self.rows: dict = {}  # (tensor, K) -> its [M, K] Reshape, shared by its products
+        self.rows: dict = {}  # (tensor, K, device) -> its [M, K] Reshape, for its products
 
     def shape(self, tensor: Tensor):
         """The static shape of a tensor of the graph or of a node added here (a tuple)."""
@@ -231,7 +231,7 @@ def fuse_epilogues(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, 
             if reason:
                 refusals.append(Refusal(name, reason))
             continue
-        reason = _rewrite(view, editor, chain, policy.epilogue_scale)
+        reason = _rewrite(view, editor, chain, policy.epilogue_scale, protected)
         if reason:
             refusals.append(Refusal(name, reason))
         else:
@@ -539,9 +539,11 @@ def _scalar(view: GraphView, tensor: Tensor):
 # --- rewriting --------------------------------------------------------------------------------
 
 
-def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool) -> Optional[str]:
+def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool,
+             protected: frozenset) -> Optional[str]:
     """Replace the chain by one fused node, or say why not (the graph is then unchanged).
-    scale: whether a per-channel scale may be taken (pass epilogue_scale)."""
+    scale: whether a per-channel scale may be taken (pass epilogue_scale); protected: the nodes
+    whose values must be read as they are (fed ones among them)."""
     node = view.node(chain.op)
     fused_op, family = _FAMILY[node.op]
     if chain.scale is not None and not scale:
@@ -564,7 +566,7 @@ def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool) -> Op
         target = _output_target(view, chain)
         if isinstance(target, str):
             return target
-        inputs = _matrices(view, editor, chain, base, inputs)
+        inputs = _matrices(view, editor, chain, base, inputs, protected)
     vec = functools.partial(_vector, editor, base, device, chain.channels)
     if chain.scale is None:
         fused_ops = ["BiasAdd"]
@@ -636,31 +638,37 @@ def _output_target(view: GraphView, chain: _Chain):
     return tuple(d if d >= 0 else -1 for d in shape)
 
 
-def _matrices(view: GraphView, editor: _Editor, chain: _Chain, base: str, inputs) -> list:
-    """An Einsum's or BatchMatMulV2's operands as [M, K] and [K, N] ([N, K] when transposed):
-    the left one as a Reshape (of what a Reshape reshaped, since both are views of the same
-    rows; one a tensor, shared by the products reading it), the right one as it is when it is
-    a matrix already."""
+def _matrices(view: GraphView, editor: _Editor, chain: _Chain, base: str, inputs,
+              protected: frozenset) -> list:
+    """An Einsum's or BatchMatMulV2's operands as [M, K] and [K, N] ([N, K] when transposed),
+    each as it is when it is a matrix already; else the left one as a Reshape (of what a
+    Reshape reshaped, since both are views of the same rows; one a tensor and device, shared
+    by the products reading it), the right one as a Reshape."""
     product, device = chain.product, view.node(chain.op).device
     left, right = inputs
-    source = view.node(left[0])
-    while (left[1] == 0 and source.op == "Reshape" and not view.control_inputs(left[0])
-           and source.device == device):
-        left = view.data_inputs(left[0])[0]
+    shape = editor.shape(left)
+    if shape is None or len(shape) != 2 or shape[1] != product.k:
         source = view.node(left[0])
-    if (left, product.k) not in editor.rows:
-        target = editor.const(f"{base}/rows_shape", np.array([-1, product.k], np.int32), device)
-        rows = int(np.prod(product.rows)) if min(product.rows, default=0) >= 0 else -1
-        editor.rows[(left, product.k)] = editor.node(
-            f"{base}/rows", "Reshape", [left, target], device, (rows, product.k),
-            T=types_pb2.DT_FLOAT, Tshape=types_pb2.DT_INT32)
+        while (left[1] == 0 and source.op == "Reshape" and left[0] not in protected
+               and not view.control_inputs(left[0]) and source.device == device):
+            left = view.data_inputs(left[0])[0]
+            source = view.node(left[0])
+        key = (left, product.k, device)
+        if key not in editor.rows:
+            target = editor.const(f"{base}/rows_shape", np.array([-1, product.k], np.int32),
+                                  device)
+            rows = int(np.prod(product.rows)) if min(product.rows, default=0) >= 0 else -1
+            editor.rows[key] = editor.node(
+                f"{base}/rows", "Reshape", [left, target], device, (rows, product.k),
+                T=types_pb2.DT_FLOAT, Tshape=types_pb2.DT_INT32)
+        left = editor.rows[key]
     matrix = ((chain.channels, product.k) if product.transpose_b
               else (product.k, chain.channels))
     if editor.shape(right) != matrix:
         target = editor.const(f"{base}/matrix_shape", np.array(matrix, np.int32), device)
         right = editor.node(f"{base}/matrix", "Reshape", [right, target], device, matrix,
                             T=types_pb2.DT_FLOAT, Tshape=types_pb2.DT_INT32)
-    return [editor.rows[(left, product.k)], right]
+    return [left, right]
 
 
 def _fold_pays(view: GraphView, chain: _Chain) -> bool:
