@@ -105,7 +105,7 @@ def _optimize(graph_bytes: bytes, preserve, feeds, shapes, params, source: str):
                 from .codegen import dump as codegen_dump
 
                 codegen_dump.dump_codegen(flags.debug_dir, result.fusions, verify=False)
-        if not result.fusions:
+        if not result.fusions and not result.epilogues:  # an epilogue alone is a rewrite too
             return None
         cann.note_fused_graph(result.graph_def, flags.autofuse_enhance_precision_blacklist)
         return result.graph_def.SerializeToString(deterministic=True)

@@ -33,7 +33,10 @@ The activation is recognised by its values (`ACTIVATIONS`): the elementwise node
 are evaluated with the op table's references on probe values, so a GELU through Erf, Erfc or
 Tanh and `x * sigmoid(x)` are found however the graph writes them. A Reshape that keeps the
 channels last may sit between a MatMul and its map (a Dense layer on [batch, sequence,
-features]): the fused node computes in the MatMul's shape and a Reshape follows it.
+features]): the fused node computes in the MatMul's shape and a Reshape follows it. An Einsum
+or BatchMatMulV2 that is one matrix multiplication (einsum.py: Keras EinsumDense) is read as a
+MatMul between Reshapes; its channels are its output's trailing axes that come from the right
+operand ([H, D] of a [B, T, H, D] projection), its bias one value per such column.
 
 What the fused kernels accept depends on TensorFlow's CPU build: with oneDNN (TensorFlow's
 default on x86 Linux) more activations, and a depthwise kernel, than with Eigen alone. `_ONEDNN`
@@ -52,7 +55,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 
-from . import catalog
+from . import catalog, einsum
 from .graph import GraphView, Tensor, parse_input, tensor_name
 from .partition import Refusal
 from . import scope
@@ -67,6 +70,8 @@ _FAMILY = {
     "_FusedDepthwiseConv2dNative": ("_FusedDepthwiseConv2dNative", "depthwise"),
     "MatMul": ("_FusedMatMul", "matmul"),
     "_FusedMatMul": ("_FusedMatMul", "matmul"),
+    # one matrix multiplication in another form (einsum.py): read as a MatMul between Reshapes
+    **{op: ("_FusedMatMul", "matmul") for op in einsum.OPS},
 }
 SWISH = "_MklSwish"
 _PLAIN_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
@@ -121,6 +126,9 @@ class _Chain:
     op: str  # the operator node
     family: str
     channels: int
+    # the trailing axes of the value that are its channels (their product is `channels`): the
+    # last axis, or an Einsum's axes of its right operand ([H, D] of a [B, T, H, D] projection)
+    columns: tuple
     nodes: list  # the epilogue's nodes, in order (the last one is replaced)
     add: Optional[Tensor] = None  # a channel vector added (the operator's own bias included)
     sub: Optional[Tensor] = None  # a channel vector subtracted
@@ -131,6 +139,7 @@ class _Chain:
     # a Reshape between the operator and the map that keeps the channels last (a Dense layer on
     # a [batch, sequence, features] tensor is a MatMul of the rows between two Reshapes)
     reshape: Optional[str] = None
+    product: Optional[einsum.OneMatMul] = None  # an Einsum or BatchMatMulV2 read as a MatMul
 
 
 class _Editor:
@@ -143,6 +152,7 @@ class _Editor:
         self.added: list = []
         self.replaced: dict = {}  # name -> the node standing in its place
         self.removed: set = set()
+        self.rows: dict = {}  # (tensor, K, device) -> its [M, K] Reshape, for its products
 
     def shape(self, tensor: Tensor):
         """The static shape of a tensor of the graph or of a node added here (a tuple)."""
@@ -221,11 +231,12 @@ def fuse_epilogues(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, 
             if reason:
                 refusals.append(Refusal(name, reason))
             continue
-        reason = _rewrite(view, editor, chain, policy.epilogue_scale)
+        reason = _rewrite(view, editor, chain, policy.epilogue_scale, protected)
         if reason:
             refusals.append(Refusal(name, reason))
         else:
-            fused = editor.replaced[name if chain.reshape else chain.nodes[-1]]
+            fused = editor.replaced[name if chain.reshape or chain.product
+                                    else chain.nodes[-1]]
             replaced = [name, *(n for n in chain.nodes if n != chain.reshape)]
             done.append(Epilogue(fused.name, fused.op, tuple(replaced),
                                  tuple(s.decode() for s in fused.attr["fused_ops"].list.s)))
@@ -252,9 +263,20 @@ def _joinable(view: GraphView, name: str, device: str, dtype: int) -> bool:
             and view.dtype(name) == dtype)
 
 
-def _channel_operand(view: GraphView, name: str, value: Tensor, channels: int, protected):
-    """The operand of binary node `name` that is not `value`, when it is a vector of one value
-    per channel (shape [C], or [1,...,1,C] of no higher rank than the value)."""
+def _over(shape, columns: tuple) -> bool:
+    """Whether a tensor of `shape` holds one value per channel: `columns` itself, with leading
+    1s or without ([C] or [1,...,1,C]; [H, D] or [1, 1, H, D])."""
+    def strip(dims):
+        dims = tuple(dims)
+        while dims and dims[0] == 1:
+            dims = dims[1:]
+        return dims
+    return shape is not None and strip(shape) == strip(columns)
+
+
+def _channel_operand(view: GraphView, name: str, value: Tensor, columns: tuple, protected):
+    """The operand of binary node `name` that is not `value`, when it holds one value per
+    channel (_over) in no higher rank than the value."""
     node = view.node(name)
     inputs = view.data_inputs(name)
     if len(inputs) != 2 or value not in inputs or inputs[0] == inputs[1]:
@@ -267,15 +289,15 @@ def _channel_operand(view: GraphView, name: str, value: Tensor, channels: int, p
     shape, value_shape = view.tensor_shape(other), view.tensor_shape(value)
     if shape is None or value_shape is None or len(shape) > len(value_shape) or not shape:
         return None
-    if shape[-1] != channels or any(d != 1 for d in shape[:-1]):
+    if not _over(shape, columns):
         return None
-    return _through_views(view, other, channels, protected)
+    return _through_views(view, other, columns, protected)
 
 
 _VIEW_OPS = ("Reshape", "Squeeze", "ExpandDims")
 
 
-def _through_views(view: GraphView, tensor: Tensor, channels: int, protected) -> Tensor:
+def _through_views(view: GraphView, tensor: Tensor, columns: tuple, protected) -> Tensor:
     """The tensor a chain of view nodes reshaped into `tensor` (a channel vector), read in its
     stead when it is a channel vector itself: Keras reshapes a layer's [C] bias to
     [1,1,1,C] and TensorFlow's remapper squeezes it back for its fused kernel."""
@@ -284,8 +306,7 @@ def _through_views(view: GraphView, tensor: Tensor, channels: int, protected) ->
            and tensor[0] not in protected and not view.control_inputs(tensor[0])
            and not view.control_consumers(tensor[0])):
         tensor = view.data_inputs(tensor[0])[0]
-        shape = view.tensor_shape(tensor)
-        if shape is None or int(np.prod(shape)) != channels or (shape and shape[-1] != channels):
+        if not _over(view.tensor_shape(tensor), columns):
             break
         best = tensor
     return best
@@ -306,21 +327,27 @@ def _chain(view: GraphView, name: str, protected: frozenset):
         return None, (f"{node.op} epilogue: TensorFlow's fused kernels are used on CPUs only; on "
                       f"{view.device_type(name)} the epilogue is fused as a kernel of its own")
     shape = view.output_shape(name)
-    channels = shape[-1] if shape else -1
-    chain = _Chain(name, family, channels, [])
+    columns = (shape[-1] if shape else -1,)
+    product, not_one = (einsum.analyse(view, name) if node.op in einsum.OPS
+                        else (None, None))
+    if product is not None:
+        columns = product.columns
+    chain = _Chain(name, family, int(np.prod(columns)), columns, [], product=product)
     if has_bias:
-        chain.add = _through_views(view, view.data_inputs(name)[2], channels, protected)
+        chain.add = _through_views(view, view.data_inputs(name)[2], columns, protected)
     value, device, dtype = (name, 0), node.device, view.dtype(name)
     # the stages in their order: each takes the node reading the value, or leaves it
     stage = "centre" if not has_bias else "scale"
+    off = ""  # why the first map node met is not a per-channel one, when it is broadcast
     while True:
         reader = _only_consumer(view, value[0], protected)
         if reader is None or not _joinable(view, reader, device, dtype):
             break
         op = view.node(reader).op
         if stage == "centre" and op in ("BiasAdd", "Add", "AddV2", "Sub"):
-            vector = _channel_operand(view, reader, value, channels, protected)
+            vector = _channel_operand(view, reader, value, chain.columns, protected)
             if vector is None or (op == "Sub" and view.data_inputs(reader)[0] != value):
+                off = _off_columns(view, reader, value, chain.columns)
                 break
             if op == "Sub":
                 chain.sub = vector
@@ -328,20 +355,21 @@ def _chain(view: GraphView, name: str, protected: frozenset):
                 chain.add = vector
             stage = "scale"
         elif stage in ("centre", "scale") and op == "Mul":
-            vector = _channel_operand(view, reader, value, channels, protected)
+            vector = _channel_operand(view, reader, value, chain.columns, protected)
             if vector is None:
                 break
             chain.scale, stage = vector, "shift"
         elif stage == "shift" and op in ("BiasAdd", "Add", "AddV2"):
-            vector = _channel_operand(view, reader, value, channels, protected)
+            vector = _channel_operand(view, reader, value, chain.columns, protected)
             if vector is None:
                 break
             chain.shift, stage = vector, "activation"
         elif op == "Reshape" and not chain.nodes:
-            shape = view.output_shape(reader)
-            if not shape or shape[-1] != channels:
+            # rows of channels stay rows of channels when the trailing axes hold them all
+            columns = _trailing(view.output_shape(reader), chain.channels)
+            if columns is None:
                 break
-            chain.reshape = reader
+            chain.reshape, chain.columns = reader, columns
         else:
             break
         chain.nodes.append(reader)
@@ -351,14 +379,47 @@ def _chain(view: GraphView, name: str, protected: frozenset):
         chain.nodes.pop()
         chain.reshape = None
     if not chain.nodes:
-        return None, ""
+        return None, f"{node.op} epilogue: {off}" if off and not not_one else ""
+    if not_one:
+        return None, not_one
     if dtype != types_pb2.DT_FLOAT:
         return None, f"{node.op} epilogue: only float32 operators take one"
-    if channels is None or channels <= 0:
+    if chain.channels <= 0:
         return None, f"{node.op} epilogue: the number of output channels is not known"
     if family == "conv" and node.attr["data_format"].s not in (b"", b"NHWC"):
         return None, f"{node.op} epilogue: data_format {node.attr['data_format'].s.decode()}"
     return chain, None
+
+
+def _off_columns(view: GraphView, name: str, value: Tensor, columns: tuple) -> str:
+    """Why binary node `name` does not add a bias to `value` when its other operand is a
+    smaller tensor broadcast over it (one value per row, or per part of a channel); "" when it
+    is not (a tensor of the value's size, a scalar, an unknown shape)."""
+    inputs = view.data_inputs(name)
+    other = inputs[1] if len(inputs) == 2 and inputs[0] == value else inputs[0]
+    shape, value_shape = view.tensor_shape(other), view.tensor_shape(value)
+    if (len(inputs) != 2 or not shape or value_shape is None
+            or min(*shape, *value_shape) < 0 or np.prod(shape) >= np.prod(value_shape)):
+        return ""
+    return (f"the {view.node(name).op} of a {einsum.shape_text(shape)} operand to its "
+            f"{einsum.shape_text(value_shape)} output is not one value per output channel "
+            f"{einsum.shape_text(columns)}: not a bias of the fused kernel")
+
+
+def _trailing(shape, channels: int) -> Optional[tuple]:
+    """The fewest trailing axes of `shape` whose sizes multiply to `channels`, or None."""
+    if not shape or channels <= 0:
+        return None
+    size = 1
+    for k in range(len(shape) - 1, -1, -1):
+        if shape[k] < 0:
+            return None
+        size *= shape[k]
+        if size == channels:
+            return tuple(shape[k:])
+        if size > channels:
+            return None
+    return None
 
 
 def _activation(view: GraphView, chain: _Chain, value: Tensor, protected, device,
@@ -478,9 +539,11 @@ def _scalar(view: GraphView, tensor: Tensor):
 # --- rewriting --------------------------------------------------------------------------------
 
 
-def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool) -> Optional[str]:
+def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool,
+             protected: frozenset) -> Optional[str]:
     """Replace the chain by one fused node, or say why not (the graph is then unchanged).
-    scale: whether a per-channel scale may be taken (pass epilogue_scale)."""
+    scale: whether a per-channel scale may be taken (pass epilogue_scale); protected: the nodes
+    whose values must be read as they are (fed ones among them)."""
     node = view.node(chain.op)
     fused_op, family = _FAMILY[node.op]
     if chain.scale is not None and not scale:
@@ -499,6 +562,11 @@ def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool) -> Op
     base = f"{last}/epilogue"
     device = node.device
     inputs = view.data_inputs(chain.op)[:2]
+    if chain.product is not None:
+        target = _output_target(view, chain)
+        if isinstance(target, str):
+            return target
+        inputs = _matrices(view, editor, chain, base, inputs, protected)
     vec = functools.partial(_vector, editor, base, device, chain.channels)
     if chain.scale is None:
         fused_ops = ["BiasAdd"]
@@ -529,23 +597,78 @@ def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool) -> Op
         args = [vec(_folded_bias(view, editor, chain, base), "bias")]
     if chain.activation:
         fused_ops.append(chain.activation)
-    if chain.reshape is None:
+    if chain.reshape is None and chain.product is None:
         editor.replaced[last] = _fused_node(node, fused_op, last, inputs + args, fused_ops,
                                             chain)
         editor.removed.update([chain.op, *chain.nodes[:-1]])
         return None
-    # the fused node computes in the operator's shape, under its name; the last node's name
-    # reshapes it as the Reshape did
+    # the fused node computes in the operator's shape (a product's: [M, N]), under its name; the
+    # last node's name reshapes it as the Reshape did (a product's: to the operator's shape)
     editor.replaced[chain.op] = _fused_node(node, fused_op, chain.op, inputs + args, fused_ops,
                                             chain)
-    shape_input = view.data_inputs(chain.reshape)[1]
     reshape = node_def_pb2.NodeDef(name=last, op="Reshape", device=device)
-    reshape.input.extend([chain.op, tensor_name(shape_input)])
     reshape.attr["T"].type = types_pb2.DT_FLOAT
-    reshape.attr["Tshape"].CopyFrom(view.node(chain.reshape).attr["Tshape"])
+    if chain.reshape is not None:
+        shape_input = view.data_inputs(chain.reshape)[1]
+        reshape.attr["Tshape"].CopyFrom(view.node(chain.reshape).attr["Tshape"])
+    else:
+        shape_input = editor.const(f"{base}/shape", np.array(target, np.int32), device)
+        reshape.attr["Tshape"].type = types_pb2.DT_INT32
+    reshape.input.extend([chain.op, tensor_name(shape_input)])
+    if chain.product is not None:
+        rows = chain.product.rows
+        editor.shapes[chain.op] = [(int(np.prod(rows)) if min(rows, default=0) >= 0 else -1,
+                                    chain.channels)]
     editor.replaced[last] = reshape
     editor.removed.update(chain.nodes[:-1])
     return None
+
+
+def _output_target(view: GraphView, chain: _Chain):
+    """The shape an Einsum's or BatchMatMulV2's [M, N] product is reshaped to (the operator's
+    own, -1 for its one unknown size), or why there is none."""
+    node = view.node(chain.op)
+    if chain.reshape is not None:  # the graph's own Reshape says it
+        return ()
+    shape = view.output_shape(chain.op)
+    if shape is None or sum(d < 0 for d in shape) > 1:
+        shown = "unknown" if shape is None else einsum.shape_text(shape)
+        return (f"{node.op} epilogue: its output shape {shown} is not static but for one size "
+                "(the Reshape after the fused MatMul needs it)")
+    return tuple(d if d >= 0 else -1 for d in shape)
+
+
+def _matrices(view: GraphView, editor: _Editor, chain: _Chain, base: str, inputs,
+              protected: frozenset) -> list:
+    """An Einsum's or BatchMatMulV2's operands as [M, K] and [K, N] ([N, K] when transposed),
+    each as it is when it is a matrix already; else the left one as a Reshape (of what a
+    Reshape reshaped, since both are views of the same rows; one a tensor and device, shared
+    by the products reading it), the right one as a Reshape."""
+    product, device = chain.product, view.node(chain.op).device
+    left, right = inputs
+    shape = editor.shape(left)
+    if shape is None or len(shape) != 2 or shape[1] != product.k:
+        source = view.node(left[0])
+        while (left[1] == 0 and source.op == "Reshape" and left[0] not in protected
+               and not view.control_inputs(left[0]) and source.device == device):
+            left = view.data_inputs(left[0])[0]
+            source = view.node(left[0])
+        key = (left, product.k, device)
+        if key not in editor.rows:
+            target = editor.const(f"{base}/rows_shape", np.array([-1, product.k], np.int32),
+                                  device)
+            rows = int(np.prod(product.rows)) if min(product.rows, default=0) >= 0 else -1
+            editor.rows[key] = editor.node(
+                f"{base}/rows", "Reshape", [left, target], device, (rows, product.k),
+                T=types_pb2.DT_FLOAT, Tshape=types_pb2.DT_INT32)
+        left = editor.rows[key]
+    matrix = ((chain.channels, product.k) if product.transpose_b
+              else (product.k, chain.channels))
+    if editor.shape(right) != matrix:
+        target = editor.const(f"{base}/matrix_shape", np.array(matrix, np.int32), device)
+        right = editor.node(f"{base}/matrix", "Reshape", [right, target], device, matrix,
+                            T=types_pb2.DT_FLOAT, Tshape=types_pb2.DT_INT32)
+    return [left, right]
 
 
 def _fold_pays(view: GraphView, chain: _Chain) -> bool:
@@ -593,10 +716,12 @@ def _folded_filter(view: GraphView, editor: _Editor, chain: _Chain, base: str,
                    weights: Tensor) -> Tensor:
     """W * s, with s laid out along W's output-channel positions."""
     node = view.node(chain.op)
-    w_shape = tuple(view.tensor_shape(weights))
+    w_shape = tuple(editor.shape(weights))
+    transpose_b = (chain.product.transpose_b if chain.product is not None
+                   else node.attr["transpose_b"].b)
     if chain.family == "depthwise":  # [H, W, in, multiplier]: channel in * multiplier + k
         layout = (1, 1, w_shape[2], w_shape[3])
-    elif node.attr["transpose_b"].b:  # [N, K]
+    elif transpose_b:  # [N, K]
         layout = (chain.channels, 1)
     else:  # [K, N]
         layout = (1, chain.channels)
@@ -644,6 +769,9 @@ def _fused_node(node, fused_op: str, name: str, inputs, fused_ops, chain: _Chain
     fused.attr["TArgs"].list.type.extend([types_pb2.DT_FLOAT] * n_args)
     fused.attr["fused_ops"].list.s.extend(op.encode() for op in fused_ops)
     fused.attr["epsilon"].f = 0.0
+    if chain.product is not None:
+        fused.attr["transpose_a"].b = False
+        fused.attr["transpose_b"].b = chain.product.transpose_b
     if chain.alpha is not None:
         fused.attr["leakyrelu_alpha"].f = chain.alpha
     return fused
