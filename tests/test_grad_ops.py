@@ -434,11 +434,11 @@ def _dense_norm_loss_graph(dtype, rows=1024, width=128, hidden=512):
 
 def test_a_layer_norm_gradient_is_no_less_accurate_than_tensorflows():
     """The weight gradient of a Dense layer before a layer norm sums over the rows terms that
-    cancel only when scale^2 * (var + eps) = 1. Each row's variance here lies in [1, 2), where
-    adding eps = 1e-6 in fp32 rounds every row down by the same 0.39 ulp: an error of one sign in
-    every row's scale, which does not average out over 1024 rows. The fused kernel computes
-    rsqrt(var + eps) of the exact sum, rounded once (passes.widen), and its gradients are closer
-    to float64 than TensorFlow's."""
+    cancel only when scale^2 * (var + eps) = 1. All but 4 of the 1024 rows have their variance
+    in [1, 2), where adding eps = 1e-6 in fp32 rounds each down by the same 0.39 ulp: an error of
+    one sign in the rows' scales, which does not average out over the rows. The fused kernel
+    computes rsqrt(var + eps) of the exact sum, rounded once (passes.widen), and its gradients
+    are closer to float64 than TensorFlow's."""
     rng = np.random.default_rng(0)
     rows, width, hidden = 1024, 128, 512
     feeds = {"h": np.maximum(rng.normal(0, 1, (rows, hidden)), -0.17),
