@@ -857,3 +857,33 @@ def test_hoisted_invariants_are_bit_identical(ops, case, dtype, shape):
         ref = np.maximum(x * inv + (beta - mean * inv), 0)
         np.testing.assert_allclose(as_f64(got[0]), ref, rtol=1e-5 if dtype == "f32" else 1e-12,
                                    atol=1e-5 if dtype == "f32" else 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# A normalisation's scale, rsqrt(var + eps) of each row (rewriter/passes.py, widen: computed in
+# f64 from the fp32 variance): the exact value of the fp32 operands rounded once, so its error
+# has no sign of its own even where every row's variance is in one binade.
+
+def test_rsqrt_of_a_reduced_sum_is_rounded_once(ops):
+    rows, cols, eps = 4096, 64, np.float32(1e-6)
+    rng = rng_for("rsqrt of a reduced sum")
+    # each row's variance in [1, 2): adding eps (8.39 ulps of it) rounds down by 0.39 ulp in
+    # fp32 in every row
+    x = rng.normal(0, 1, (rows, cols))
+    x = (x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)
+    x = (x * rng.uniform(1.0, 1.41, (rows, 1))).astype(np.float32)
+    lines = ["Mean in0 axes=[1]", "SquaredDifference in0, %0", "Mean %1 axes=[1]",
+             f"Add %2, {float(eps)!r}", "Rsqrt %3"]
+    program = passes.optimize(ir.parse(program_text([_decl("f32", (rows, cols))], lines,
+                                                    ["%2", "%4"]))).print()
+    variance, scale = run_fused(ops, program, [tf.constant(x)], [tf.float32] * 2)
+    variance = variance.numpy().astype(np.float64).ravel()
+    scale = scale.numpy().ravel()
+    assert 1 <= variance.min() and variance.max() < 2
+    exact = 1 / np.sqrt(variance + np.float64(eps))
+    np.testing.assert_array_equal(scale, exact.astype(np.float32))
+    # why: rounding the sum first (TensorFlow's Add, then Rsqrt) errs one way in every row
+    twice = 1 / np.sqrt((variance.astype(np.float32) + eps).astype(np.float64))
+    ulps = ulp(exact, "f32")
+    assert np.mean((twice - exact) / ulps) > 0.1
+    assert abs(np.mean((scale - exact) / ulps)) < 0.03

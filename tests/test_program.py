@@ -11,6 +11,7 @@ the IR passes every backend gets (rewriter/passes.py).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -344,3 +345,56 @@ def test_the_ascend_generator_reads_invariants_as_instructions():
                 for name, text in kernel.sources.items()}
 
     assert code(hoisted) == code(plain)
+
+
+# a layer norm's scale: rsqrt(var + eps) of each row's variance (eps the fp32 1e-5, as the
+# rewriter prints it)
+_NORM_SCALE = ("in0: f32[8,32]\n%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Square %1\n"
+               "%3 = Mean %2 axes=[1]\n%4 = Add %3, 9.999999747378752e-06\n%5 = Rsqrt %4\n"
+               "%6 = Mul %1, %5\nout0 = %6\n")
+
+
+def test_widen_computes_the_rsqrt_of_a_reduced_sum_in_f64():
+    widened = passes.widen(ir.parse(_NORM_SCALE))
+    # the sum of two fp32 values is exact in f64: rsqrt of the exact sum, rounded once
+    assert widened.print() == (
+        "in0: f32[8,32]\n%0 = Mean in0 axes=[1]\n%1 = Sub in0, %0\n%2 = Square %1\n"
+        "%3 = Mean %2 axes=[1]\n%4 = Cast %3 to=f64\n%5 = Add %4, 9.999999747378752e-06\n"
+        "%6 = Rsqrt %5\n%7 = Cast %6 to=f32\n%8 = Mul %1, %7\nout0 = %8\n")
+    assert passes.widen(widened) == widened
+    assert passes.optimize(ir.parse(_NORM_SCALE)) == widened
+    # the immediate is the fp32 constant the graph holds, read exactly as f64
+    assert widened.instructions[5].operands[1] == float(np.float32(1e-5))
+    # a backend without f64 gets TensorFlow's form back
+    assert passes.narrow(widened).print() == _NORM_SCALE
+
+
+@pytest.mark.parametrize("text, why", [
+    ("in0: f32[8,32]\n%0 = Add in0, 9.999999747378752e-06\n%1 = Rsqrt %0\nout0 = %1\n",
+     "one value an element: f64 arithmetic would cost"),
+    (_NORM_SCALE.replace("f32", "f16"), "16-bit values: computed in fp32 and rounded to 16 bits"),
+    (_NORM_SCALE.replace("f32", "f64"), "f64 already"),
+    (_NORM_SCALE.replace("%4 = Add", "%4 = Mul"), "not a sum"),
+])
+def test_widen_leaves_alone(text, why):
+    assert passes.widen(ir.parse(text)).print() == text, why
+
+
+def test_widen_keeps_a_sum_read_elsewhere():
+    text = _NORM_SCALE.replace("out0 = %6\n", "out0 = %6\nout1 = %4\n")
+    widened = passes.widen(ir.parse(text))
+    assert _ops(widened) == ["Mean", "Sub", "Square", "Mean", "Add", "Cast", "Add", "Rsqrt",
+                             "Cast", "Mul"]
+    assert widened.outputs == (ir.Val(9), ir.Val(4))
+
+
+def test_the_ascend_generator_reads_a_widened_rsqrt_as_fp32():
+    widened = passes.widen(ir.parse(_NORM_SCALE)).print()
+    plain, wide = generate(_NORM_SCALE, "norm"), generate(widened, "norm")
+    assert plain.ok and wide.ok, (plain.reason, wide.reason)
+
+    def code(kernel):
+        return {name: "\n".join(line for line in text.splitlines() if not line.startswith("//"))
+                for name, text in kernel.sources.items()}
+
+    assert code(wide) == code(plain)

@@ -1044,7 +1044,8 @@ def test_layer_norm_with_sub_and_square():
                            flags=REDUCE_ON)
     assert fused == {"autofuse_reduce_0_Mean_Sub_Square_Mean_AddV2_Rsqrt_Mul_Mul_AddV2": (
         "in0: f32[4,8,32]\nin1: f32[32]\nin2: f32[32]\n%0 = Mean in0 axes=[2]\n%1 = Sub in0, %0\n"
-        "%2 = Square %1\n%3 = Mean %2 axes=[2]\n%4 = Add %3, 9.999999747378752e-06\n"
-        "%5 = Rsqrt %4\n%6 = Mul %1, %5\n%7 = Mul %6, in1\n%8 = Add %7, in2\nout0 = %8\n")}
+        "%2 = Square %1\n%3 = Mean %2 axes=[2]\n%4 = Cast %3 to=f64\n"
+        "%5 = Add %4, 9.999999747378752e-06\n%6 = Rsqrt %5\n%7 = Cast %6 to=f32\n"
+        "%8 = Mul %1, %7\n%9 = Mul %8, in1\n%10 = Add %9, in2\nout0 = %10\n")}
 
 

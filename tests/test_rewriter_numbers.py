@@ -192,8 +192,9 @@ def test_layer_norm_is_one_reduce_kernel():
         "autofuse_reduce_0_Mean_SquaredDifference_Mean_AddV2_Rsqrt_Mul_Mul_Mul_Sub_AddV2": (
             "in0: f32[8,16,64]\nin1: f32[64]\nin2: f32[64]\n"
             "%0 = Mean in0 axes=[2]\n%1 = SquaredDifference in0, %0\n%2 = Mean %1 axes=[2]\n"
-            "%3 = Add %2, 0.0010000000474974513\n%4 = Rsqrt %3\n%5 = Mul %4, in1\n"
-            "%6 = Mul in0, %5\n%7 = Mul %0, %5\n%8 = Sub in2, %7\n%9 = Add %6, %8\nout0 = %9\n")}
+            "%3 = Cast %2 to=f64\n%4 = Add %3, 0.0010000000474974513\n%5 = Rsqrt %4\n"
+            "%6 = Cast %5 to=f32\n%7 = Mul %6, in1\n%8 = Mul in0, %7\n%9 = Mul %0, %7\n"
+            "%10 = Sub in2, %9\n%11 = Add %8, %10\nout0 = %11\n")}
     (fused,) = fused_nodes(result.graph_def)
     assert list(fused.input) == ["x", "gamma", "beta"]
 

@@ -5,7 +5,8 @@ of the project, which refuses what the CPU kernel's parser refuses (a program it
 refused here too, with its reason). This module only flattens the result, with what the parser
 derives (value and operand dtypes, reduced values and inputs), into what the generator looks at:
 every input's view, every instruction's dtypes and whether its value is reduced, and the
-outputs.
+outputs. What the rewriter's `widen` pass computes in f64 is read as its fp32 form
+(`passes.narrow`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 from typing import Optional, Union
 
 from ..rewriter import catalog
+from ..rewriter import passes
 from ..rewriter import program as _program
 
 Ref = _program.Ref  # ("in" | "%", index); str() prints in3 / %2
@@ -83,7 +85,8 @@ class Program:
 
 def load(text: str) -> Program:
     """Read program text; ValueError naming the line when it is not a program."""
-    parsed = _program.parse(text)
+    # the AI core has no f64: what the widen pass computes in f64 is computed in fp32 here
+    parsed = passes.narrow(_program.parse(text))
     value_dtypes = parsed.value_dtypes()
     inputs = tuple(Input(d.dtype, d.shape, parsed.read_shape(k))
                    for k, d in enumerate(parsed.inputs))

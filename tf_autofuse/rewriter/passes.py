@@ -2,10 +2,14 @@
 
 The rewriter runs `optimize` on each kernel's program before printing it into the node's
 `program` attr (rewrite(), __init__.py), so that the CPU kernel and the Ascend generator read
-the same program; neither has a pass of its own. Each pass keeps the results bit for bit: the
-kernel computes the same operations on the same values in the same types.
+the same program; neither has a pass of its own. Each pass but `widen` keeps the results bit for
+bit: the kernel computes the same operations on the same values in the same types; `widen`
+rounds once where TensorFlow rounds twice, so its results are at least as close to the exact
+value as TensorFlow's.
 
   simplify  a Relu whose operand is never below -0 is its operand, and is dropped
+  widen     the fp32 rsqrt(a + b) of reduced values is computed in f64 and rounded once
+            (`narrow` gives the fp32 form back to a backend without f64)
   hoist     loop-invariant instructions of small shape are marked `invariant`: computed once a
             run over that shape, not once an element of the iteration shape
 
@@ -18,17 +22,29 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from . import catalog
 from . import program as ir
 
 
 def optimize(program: ir.FusedProgram) -> ir.FusedProgram:
     """Every pass, in order."""
-    return hoist(simplify(program))
+    return hoist(widen(simplify(program)))
 
 
 def _output_values(program: ir.FusedProgram) -> set:
     return {ref.index for ref in program.outputs if ref.kind == "%"}
+
+
+def _readers(program: ir.FusedProgram) -> dict:
+    """How many operands of instructions read each value %i (absent: none)."""
+    readers: dict = {}
+    for inst in program.instructions:
+        for o in inst.operands:
+            if isinstance(o, ir.Ref) and o.kind == "%":
+                readers[o.index] = readers.get(o.index, 0) + 1
+    return readers
 
 
 def simplify(program: ir.FusedProgram) -> ir.FusedProgram:
@@ -62,6 +78,119 @@ def simplify(program: ir.FusedProgram) -> ir.FusedProgram:
         kept.append(dataclasses.replace(inst, operands=operands))
     if len(kept) == len(program.instructions):
         return program
+    return ir.FusedProgram(program.inputs, kept, [remap(r) for r in program.outputs],
+                           program.output_views)
+
+
+def widen(program: ir.FusedProgram) -> ir.FusedProgram:
+    """Compute each fp32 `Rsqrt(Add(a, b))` of reduced values as
+    `Cast(Rsqrt(Add(Cast(a), Cast(b))), to=f32)` in f64: the sum of two fp32 values is exact in
+    f64, so the result is the exact rsqrt(a + b) rounded once (the kernel's f64 Rsqrt is within
+    1.2 ulps of f64, far below an fp32 ulp), where the fp32 form rounds the sum first.
+
+    Why: in a normalisation, `rsqrt(var + eps)` per row, every row's variance is often in one
+    binade, and then adding the same small eps rounds every row the same way: a relative error
+    of up to half an ulp of the same sign in each row's scale. The gradient of the
+    normalisation subtracts terms that cancel only when scale^2 * (var + eps) = 1, so an error
+    of the same sign in every row does not average out over the rows in the weight gradients
+    that sum over them (a Dense layer before a LayerNorm). Rounded once, the scale's error has
+    no sign of its own. Only reduced values are widened (one a row, not one an element), so the
+    f64 arithmetic costs nothing against the reductions; the Add stays where something else
+    reads it."""
+    dtypes = program.value_dtypes()
+    insts = program.instructions
+    outputs = _output_values(program)
+    readers = _readers(program)
+    sums = {}
+    for i, inst in enumerate(insts):
+        x = inst.operands[0]
+        if (inst.op == "Rsqrt" and dtypes[i] == "f32" and program.is_reduced(ir.Val(i))
+                and isinstance(x, ir.Ref) and x.kind == "%" and insts[x.index].op == "Add"
+                and dtypes[x.index] == "f32"):
+            sums[i] = x.index
+    if not sums:
+        return program
+    dropped = {a for a in sums.values() if readers[a] == list(sums.values()).count(a)
+               and a not in outputs}
+    kept: list = []
+    replacement: dict = {}
+
+    def remap(operand):
+        if isinstance(operand, ir.Ref) and operand.kind == "%":
+            return replacement[operand.index]
+        return operand
+
+    def emit(op, operands, attrs=()):
+        kept.append(ir.Instruction(op, tuple(operands), tuple(attrs)))
+        return ir.Val(len(kept) - 1)
+
+    for i, inst in enumerate(insts):
+        if i in dropped:
+            continue
+        if i in sums:
+            wide = [emit("Cast", [remap(o)], (("to", "f64"),)) if isinstance(o, ir.Ref)
+                    else float(np.float32(o)) for o in insts[sums[i]].operands]
+            replacement[i] = emit("Cast", [emit("Rsqrt", [emit("Add", wide)])], (("to", "f32"),))
+            continue
+        kept.append(dataclasses.replace(inst, operands=tuple(remap(o) for o in inst.operands)))
+        replacement[i] = ir.Val(len(kept) - 1)
+    return ir.FusedProgram(program.inputs, kept, [remap(r) for r in program.outputs],
+                           program.output_views)
+
+
+def narrow(program: ir.FusedProgram) -> ir.FusedProgram:
+    """`widen` undone: each `Cast(Rsqrt(Add(Cast(a), Cast(b))), to=f32)` whose f64 values are
+    read only by that chain computed as fp32 `Rsqrt(Add(a, b))`, TensorFlow's form, for a
+    backend without f64 arithmetic (the Ascend generator: the AI core's vector unit has none)."""
+    dtypes = program.value_dtypes()
+    insts = program.instructions
+    outputs = _output_values(program)
+    readers = _readers(program)
+
+    def single(ref, op, dtype):
+        """The instruction `ref` names when it is `op` of `dtype` read once, not an output."""
+        if not (isinstance(ref, ir.Ref) and ref.kind == "%"):
+            return None
+        inst = insts[ref.index]
+        ok = (inst.op == op and dtypes[ref.index] == dtype and readers[ref.index] == 1
+              and ref.index not in outputs)
+        return inst if ok else None
+
+    chains, dead = {}, set()
+    for i, inst in enumerate(insts):
+        if inst.op != "Cast" or dict(inst.attrs).get("to") != "f32":
+            continue
+        rsqrt = single(inst.operands[0], "Rsqrt", "f64")
+        add = rsqrt and single(rsqrt.operands[0], "Add", "f64")
+        if not add:
+            continue
+        casts = [single(o, "Cast", "f64") for o in add.operands if isinstance(o, ir.Ref)]
+        if not all(c and program.ref_dtype(c.operands[0]) == "f32" for c in casts):
+            continue
+        narrow_operands = [insts[o.index].operands[0] if isinstance(o, ir.Ref) else o
+                           for o in add.operands]
+        chains[i] = narrow_operands
+        dead |= {inst.operands[0].index, rsqrt.operands[0].index}
+        dead |= {o.index for o in add.operands if isinstance(o, ir.Ref)}
+    if not chains:
+        return program
+    kept: list = []
+    replacement: dict = {}
+
+    def remap(operand):
+        if isinstance(operand, ir.Ref) and operand.kind == "%":
+            return replacement[operand.index]
+        return operand
+
+    for i, inst in enumerate(insts):
+        if i in dead:
+            continue
+        if i in chains:
+            kept.append(ir.Instruction("Add", tuple(remap(o) for o in chains[i])))
+            kept.append(ir.Instruction("Rsqrt", (ir.Val(len(kept) - 1),)))
+        else:
+            kept.append(dataclasses.replace(inst, operands=tuple(remap(o) for o in inst.operands)))
+        replacement[i] = ir.Val(len(kept) - 1)
     return ir.FusedProgram(program.inputs, kept, [remap(r) for r in program.outputs],
                            program.output_views)
 
