@@ -37,6 +37,7 @@ FOUND = {
     (4242, 4533): "x / Relu(-0.0): the sign of Relu(-0.0) is unspecified (TensorFlow: +0 or -0)",
     (8080, 2595): "Round(x / c) in bf16: Grappler's x * (1 / c) rounds 1 / c to bf16",
     (4242, 162): "x - mean(x), x a Tile: read through, its readers became reduced values",
+    (3166023375, 816): "bf16 AddN tree regrouped by Grappler in the fused session only",
 }
 
 COMMIT_GRAPHS = int(os.environ.get("TF_AUTOFUSE_FUZZ_COMMIT_GRAPHS", "300"))
