@@ -155,15 +155,20 @@ def test_a_fed_reshape_before_the_product_is_read_not_read_through():
                               shapes=static_shapes(graph_def, g))
     fused, left, _ = _product(result)
     assert left.op == "Reshape" and left.input[0] == "rows"
-    fed = _values(2, 2, 6).astype(np.float32)
+    runs = _run_both(graph_def, result, {"x:0": np.zeros((2, 3, 4), np.float32),
+                                         "rows:0": _values(2, 2, 6).astype(np.float32)})
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6, atol=1e-6)
+
+
+def _run_both(graph_def, result, feeds: dict) -> list:
+    """"out:0" of the original graph and of the rewritten one, fed `feeds`."""
     runs = []
     for graph in (graph_def, result.graph_def):
         with tf.Graph().as_default() as run_graph:
             tf1.import_graph_def(graph, name="")
         with tf1.Session(graph=run_graph) as session:
-            runs.append(session.run("out:0", {"x:0": np.zeros((2, 3, 4), np.float32),
-                                              "rows:0": fed}))
-    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6, atol=1e-6)
+            runs.append(session.run("out:0", feeds))
+    return runs
 
 
 def test_products_of_one_input_share_its_row_view():
@@ -191,13 +196,7 @@ def test_an_unknown_batch_size_is_the_reshape_s_one_unknown_size():
                               shapes=static_shapes(graph_def, g))
     fused, rows, after = _product(result)
     assert _shape_of(result.graph_def, after) == (-1, 5, 3, 4)
-    x = _values(3, 5, 6).astype(np.float32)
-    runs = []
-    for graph in (graph_def, result.graph_def):
-        with tf.Graph().as_default() as run_graph:
-            tf1.import_graph_def(graph, name="")
-        with tf1.Session(graph=run_graph) as session:
-            runs.append(session.run("out:0", {"x:0": x}))
+    runs = _run_both(graph_def, result, {"x:0": _values(3, 5, 6).astype(np.float32)})
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6, atol=1e-6)
 
 

@@ -333,6 +333,12 @@ def test_the_rewriter_runs_the_passes_before_printing():
     assert passes.optimize(program) == program  # what the node holds is what every pass leaves
 
 
+def _code(kernel) -> dict:
+    """A generated kernel's sources without their comments (which quote the program)."""
+    return {name: "\n".join(line for line in text.splitlines() if not line.startswith("//"))
+            for name, text in kernel.sources.items()}
+
+
 def test_the_ascend_generator_reads_invariants_as_instructions():
     """It computes them per tile like any instruction, the same values: the generated code is
     the unmarked program's, but for the program quoted in its header."""
@@ -340,11 +346,7 @@ def test_the_ascend_generator_reads_invariants_as_instructions():
     plain, hoisted = generate(BATCHNORM, "bn"), generate(marked, "bn")
     assert plain.ok and hoisted.ok, (plain.reason, hoisted.reason)
 
-    def code(kernel):
-        return {name: "\n".join(line for line in text.splitlines() if not line.startswith("//"))
-                for name, text in kernel.sources.items()}
-
-    assert code(hoisted) == code(plain)
+    assert _code(hoisted) == _code(plain)
 
 
 # a layer norm's scale: rsqrt(var + eps) of each row's variance (eps the fp32 1e-5, as the
@@ -393,8 +395,4 @@ def test_the_ascend_generator_reads_a_widened_rsqrt_as_fp32():
     plain, wide = generate(_NORM_SCALE, "norm"), generate(widened, "norm")
     assert plain.ok and wide.ok, (plain.reason, wide.reason)
 
-    def code(kernel):
-        return {name: "\n".join(line for line in text.splitlines() if not line.startswith("//"))
-                for name, text in kernel.sources.items()}
-
-    assert code(wide) == code(plain)
+    assert _code(wide) == _code(plain)

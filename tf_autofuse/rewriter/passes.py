@@ -47,6 +47,36 @@ def _readers(program: ir.FusedProgram) -> dict:
     return readers
 
 
+class _Rebuilt:
+    """A program rebuilt instruction by instruction, the way every pass here changes one:
+    `remap` gives what a read of an old value reads now (its new number, or what replaced it)."""
+
+    def __init__(self, program: ir.FusedProgram):
+        self.program = program
+        self.kept: list = []
+        self.replacement: dict = {}  # old %i -> the Ref its reads read now
+
+    def remap(self, operand):
+        if isinstance(operand, ir.Ref) and operand.kind == "%":
+            return self.replacement[operand.index]
+        return operand
+
+    def emit(self, op: str, operands, attrs=()) -> ir.Ref:
+        self.kept.append(ir.Instruction(op, tuple(operands), tuple(attrs)))
+        return ir.Val(len(self.kept) - 1)
+
+    def keep(self, i: int, inst: ir.Instruction) -> None:
+        """Old instruction i as it is, reading what its operands became."""
+        self.kept.append(dataclasses.replace(inst, operands=tuple(map(self.remap,
+                                                                      inst.operands))))
+        self.replacement[i] = ir.Val(len(self.kept) - 1)
+
+    def result(self) -> ir.FusedProgram:
+        return ir.FusedProgram(self.program.inputs, self.kept,
+                               [self.remap(r) for r in self.program.outputs],
+                               self.program.output_views)
+
+
 def simplify(program: ir.FusedProgram) -> ir.FusedProgram:
     """Drop each Relu whose operand is a float value never below -0 (or NaN): the values of
     the ops the table marks never_negative (Abs, Relu, Exp, Square...), for which max(x, 0) is
@@ -57,29 +87,18 @@ def simplify(program: ir.FusedProgram) -> ir.FusedProgram:
     over every element."""
     outputs = _output_values(program)
     dtypes = program.value_dtypes()
-    kept: list = []
-    # what reads of %i read now: its new number, or (dropped) its operand
-    replacement: dict = {}
-
-    def remap(operand):
-        if isinstance(operand, ir.Ref) and operand.kind == "%":
-            return replacement[operand.index]
-        return operand
-
+    new = _Rebuilt(program)
     for i, inst in enumerate(program.instructions):
-        operands = tuple(remap(o) for o in inst.operands)
-        x = operands[0]
+        x = new.remap(inst.operands[0])
         if (inst.op == "Relu" and dtypes[i] in ir.FLOAT_NAMES and i not in outputs
                 and isinstance(x, ir.Ref) and x.kind == "%"
-                and catalog.for_ir_name(kept[x.index].op).never_negative):
-            replacement[i] = x
+                and catalog.for_ir_name(new.kept[x.index].op).never_negative):
+            new.replacement[i] = x  # dropped: its readers read its operand
             continue
-        replacement[i] = ir.Val(len(kept))
-        kept.append(dataclasses.replace(inst, operands=operands))
-    if len(kept) == len(program.instructions):
+        new.keep(i, inst)
+    if len(new.kept) == len(program.instructions):
         return program
-    return ir.FusedProgram(program.inputs, kept, [remap(r) for r in program.outputs],
-                           program.output_views)
+    return new.result()
 
 
 def widen(program: ir.FusedProgram) -> ir.FusedProgram:
@@ -112,30 +131,18 @@ def widen(program: ir.FusedProgram) -> ir.FusedProgram:
         return program
     dropped = {a for a in sums.values() if readers[a] == list(sums.values()).count(a)
                and a not in outputs}
-    kept: list = []
-    replacement: dict = {}
-
-    def remap(operand):
-        if isinstance(operand, ir.Ref) and operand.kind == "%":
-            return replacement[operand.index]
-        return operand
-
-    def emit(op, operands, attrs=()):
-        kept.append(ir.Instruction(op, tuple(operands), tuple(attrs)))
-        return ir.Val(len(kept) - 1)
-
+    new = _Rebuilt(program)
     for i, inst in enumerate(insts):
         if i in dropped:
             continue
         if i in sums:
-            wide = [emit("Cast", [remap(o)], (("to", "f64"),)) if isinstance(o, ir.Ref)
+            wide = [new.emit("Cast", [new.remap(o)], (("to", "f64"),)) if isinstance(o, ir.Ref)
                     else float(np.float32(o)) for o in insts[sums[i]].operands]
-            replacement[i] = emit("Cast", [emit("Rsqrt", [emit("Add", wide)])], (("to", "f32"),))
+            rsqrt = new.emit("Rsqrt", [new.emit("Add", wide)])
+            new.replacement[i] = new.emit("Cast", [rsqrt], (("to", "f32"),))
             continue
-        kept.append(dataclasses.replace(inst, operands=tuple(remap(o) for o in inst.operands)))
-        replacement[i] = ir.Val(len(kept) - 1)
-    return ir.FusedProgram(program.inputs, kept, [remap(r) for r in program.outputs],
-                           program.output_views)
+        new.keep(i, inst)
+    return new.result()
 
 
 def narrow(program: ir.FusedProgram) -> ir.FusedProgram:
@@ -174,25 +181,16 @@ def narrow(program: ir.FusedProgram) -> ir.FusedProgram:
         dead |= {o.index for o in add.operands if isinstance(o, ir.Ref)}
     if not chains:
         return program
-    kept: list = []
-    replacement: dict = {}
-
-    def remap(operand):
-        if isinstance(operand, ir.Ref) and operand.kind == "%":
-            return replacement[operand.index]
-        return operand
-
+    new = _Rebuilt(program)
     for i, inst in enumerate(insts):
         if i in dead:
             continue
         if i in chains:
-            kept.append(ir.Instruction("Add", tuple(remap(o) for o in chains[i])))
-            kept.append(ir.Instruction("Rsqrt", (ir.Val(len(kept) - 1),)))
+            total = new.emit("Add", [new.remap(o) for o in chains[i]])
+            new.replacement[i] = new.emit("Rsqrt", [total])
         else:
-            kept.append(dataclasses.replace(inst, operands=tuple(remap(o) for o in inst.operands)))
-        replacement[i] = ir.Val(len(kept) - 1)
-    return ir.FusedProgram(program.inputs, kept, [remap(r) for r in program.outputs],
-                           program.output_views)
+            new.keep(i, inst)
+    return new.result()
 
 
 # What hoisted instructions must cost, per element, to be worth a prologue: more than one
