@@ -258,6 +258,22 @@ def markdown(cells: list) -> str:
     return "\n".join(lines)
 
 
+def selected(parser, args, all_models) -> tuple:
+    """(models, modes) that --models and --modes name, checked against `all_models` and MODES
+    (parser.error on an unknown one); --smoke without --models is the transformer alone; tf
+    first, since the other modes' cells are compared with its."""
+    models = ["transformer"] if args.smoke and args.models == ",".join(all_models) else \
+        [m.strip() for m in args.models.split(",") if m.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for name, values, allowed in (("model", models, all_models), ("mode", modes, MODES)):
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            parser.error(f"unknown {name} {bad[0]!r}; accepted: {', '.join(allowed)}")
+    if "tf" in modes:
+        modes = ["tf"] + [m for m in modes if m != "tf"]
+    return models, modes
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -292,15 +308,7 @@ def main(argv=None) -> int:
         print(PREFIX + json.dumps(result), flush=True)
         return 0
 
-    models = ["transformer"] if args.smoke and args.models == ",".join(MODELS) else \
-        [m.strip() for m in args.models.split(",") if m.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for name, allowed in (("model", MODELS), ("mode", MODES)):
-        bad = [v for v in (models if name == "model" else modes) if v not in allowed]
-        if bad:
-            parser.error(f"unknown {name} {bad[0]!r}; accepted: {', '.join(allowed)}")
-    if "tf" in modes:
-        modes = ["tf"] + [m for m in modes if m != "tf"]
+    models, modes = selected(parser, args, MODELS)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="model_table_") as out_dir:
         for r in range(args.rounds):

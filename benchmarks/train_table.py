@@ -204,15 +204,7 @@ def main(argv=None) -> int:
         print(PREFIX + json.dumps(result), flush=True)
         return 0
 
-    models = ["transformer"] if args.smoke and args.models == ",".join(MODELS) else \
-        [m.strip() for m in args.models.split(",") if m.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for name, values, allowed in (("model", models, MODELS), ("mode", modes, table.MODES)):
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            parser.error(f"unknown {name} {bad[0]!r}; accepted: {', '.join(allowed)}")
-    if "tf" in modes:
-        modes = ["tf"] + [m for m in modes if m != "tf"]
+    models, modes = table.selected(parser, args, MODELS)
     cells = []
     with tempfile.TemporaryDirectory(prefix="train_table_") as out_dir:
         for model in models:

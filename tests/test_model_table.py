@@ -22,14 +22,19 @@ def _clean_env() -> dict:
     return env
 
 
-def test_model_table_smoke(tmp_path):
-    env = _clean_env()
-    out = tmp_path / "table.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/model_table.py"), "--smoke",
-                           "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900)
+def _smoke(script: str, tmp_path) -> tuple:
+    """(the JSON, the printed table) of `benchmarks/<script> --smoke`, run in a clean
+    environment; it must exit 0."""
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke",
+                           "--json", str(out)], cwd=tmp_path, env=_clean_env(),
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_model_table_smoke(tmp_path):
+    data, printed = _smoke("model_table.py", tmp_path)
     assert data["options"]["smoke"] and data["options"]["steps"] == 2
     cells = {c["mode"]: c for c in data["cells"]}
     assert list(cells) == ["tf", "autofuse", "xla"]
@@ -48,7 +53,7 @@ def test_model_table_smoke(tmp_path):
         assert cells[mode]["max_rel_diff"] <= 1e-4, (mode, cells[mode]["max_rel_diff"])
     # float32 against the float64 run of the same weights: close, not equal
     assert all(0 < c["error_f64"] <= 1e-4 for c in cells.values())
-    lines = proc.stdout.splitlines()
+    lines = printed.splitlines()
     assert any(l.startswith("| model | mode | compute kernels |") for l in lines)
     for label in ("TensorFlow (no fusion)", "tf_autofuse", "XLA auto-jit"):
         assert sum(f"| {label} |" in l for l in lines) == 1, label
@@ -110,13 +115,8 @@ def test_model_table_rounds_give_medians_and_first_call_differences(tmp_path):
 def test_train_table_smoke(tmp_path):
     """benchmarks/train_table.py: a training step per mode in a fresh process; the gradient
     error of each mode against the tf process's float64 gradients."""
-    env = _clean_env()
-    out = tmp_path / "train.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/train_table.py"), "--smoke",
-                           "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    cells = {c["mode"]: c for c in json.loads(out.read_text())["cells"]}
+    data, printed = _smoke("train_table.py", tmp_path)
+    cells = {c["mode"]: c for c in data["cells"]}
     assert list(cells) == ["tf", "autofuse", "xla"]
     for cell in cells.values():
         assert "error" not in cell, cell
@@ -125,4 +125,4 @@ def test_train_table_smoke(tmp_path):
         assert 0 < cell["grad_error"] < 1e-4, cell["grad_error"]
     assert cells["tf"]["fused"] == 0 and cells["autofuse"]["fused"] > 0
     assert cells["autofuse"]["kernels"] < cells["tf"]["kernels"]
-    assert "| model | mode | compute kernels |" in proc.stdout
+    assert "| model | mode | compute kernels |" in printed
