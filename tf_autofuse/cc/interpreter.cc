@@ -297,11 +297,13 @@ const PlanSet& Interpreter::PlansFor(const std::vector<bool>& broadcast) const {
   for (int k = 0; k < static_cast<int>(program_.outputs.size()); ++k) {
     if (!program_.OutputReduced(k) && !early[k]) set->has_final = true;
   }
-  const KeptValues kept = program_.has_reductions() ? PlanKeptValues(program_, set->has_final)
-                                                    : KeptValues();
+  const KeptValues kept = program_.has_reductions()
+                              ? PlanKeptValues(program_, early, set->has_final)
+                              : KeptValues();
   set->num_kept = kept.count;
   auto build = [&](Access access, Pass pass) {
-    return Planner(program_, broadcast, access, pass, reduced_index, accumulator_index, &kept)
+    return Planner(program_, broadcast, access, pass, reduced_index, accumulator_index, early,
+                   &kept)
         .Build();
   };
   auto full_pass = [&](Pass pass) {

@@ -101,8 +101,10 @@ bool StoresOutput(const std::vector<bool>& early, Pass::Kind kind, int level, si
 
 // The full values a full pass computes or reads: those its roots (the full outputs it stores,
 // and in an accumulate pass the operands of this level's reductions) depend on through full
-// values, not looking past a value for which `stop` (null: none) is true.
-std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int level,
+// values, not looking past a value for which `stop` (null: none) is true. `early`: the
+// program's EarlyOutputs.
+std::vector<bool> FullValuesOfPass(const Program& program, const std::vector<bool>& early,
+                                   Pass::Kind kind, int level,
                                    const std::function<bool(int)>& stop = nullptr) {
   const int n = static_cast<int>(program.instructions.size());
   std::vector<bool> needed(n, false);
@@ -111,7 +113,6 @@ std::vector<bool> FullValuesOfPass(const Program& program, Pass::Kind kind, int 
       needed[x.index] = true;
     }
   };
-  const std::vector<bool> early = EarlyOutputs(program);
   for (size_t k = 0; k < program.outputs.size(); ++k) {
     if (StoresOutput(early, kind, level, k)) mark(program.outputs[k].operand);
   }
@@ -140,7 +141,8 @@ struct KeptValues {
   int count = 0;
 };
 
-KeptValues PlanKeptValues(const Program& program, bool has_final) {
+KeptValues PlanKeptValues(const Program& program, const std::vector<bool>& early,
+                          bool has_final) {
   const int n = static_cast<int>(program.instructions.size());
   KeptValues kept;
   kept.index.assign(n, -1);
@@ -153,8 +155,9 @@ KeptValues PlanKeptValues(const Program& program, bool has_final) {
     // not needed again (softmax keeps exp(x - max), not x - max too)
     const auto computed = [&passes](int i) { return passes[i] > 0; };
     const std::vector<bool> needed =
-        order < levels ? FullValuesOfPass(program, Pass::Kind::kAccumulate, order + 1, computed)
-                       : FullValuesOfPass(program, Pass::Kind::kFinal, 0, computed);
+        order < levels
+            ? FullValuesOfPass(program, early, Pass::Kind::kAccumulate, order + 1, computed)
+            : FullValuesOfPass(program, early, Pass::Kind::kFinal, 0, computed);
     for (int i = 0; i < n; ++i) {
       if (!needed[i]) continue;
       if (passes[i]++ == 0) kept.first_pass[i] = order;
@@ -170,7 +173,7 @@ class Planner {
  public:
   Planner(const Program& program, const std::vector<bool>& broadcast, Access access, Pass pass,
           const std::vector<int>& reduced_index, const std::vector<int>& accumulator_index,
-          const KeptValues* kept = nullptr)
+          const std::vector<bool>& early, const KeptValues* kept = nullptr)
       : program_(program),
         broadcast_(broadcast),
         access_(access),
@@ -178,7 +181,7 @@ class Planner {
         reduced_index_(reduced_index),
         accumulator_index_(accumulator_index),
         kept_(pass.keep ? kept : nullptr),
-        early_(EarlyOutputs(program)) {}
+        early_(early) {}
 
   Schedule Build() {
     const int n = static_cast<int>(program_.instructions.size());
@@ -224,7 +227,7 @@ class Planner {
 
   // The full values this pass computes, or reads from a kept buffer.
   std::vector<bool> NeededFullValues() const {
-    return FullValuesOfPass(program_, pass_.kind, pass_.level,
+    return FullValuesOfPass(program_, early_, pass_.kind, pass_.level,
                             [this](int i) { return KeptFromEarlier(i); });
   }
 
@@ -529,7 +532,7 @@ class Planner {
   std::vector<Loc> value_loc_;
   std::map<int, Loc> expanded_;
   const KeptValues* kept_;  // row-group passes only, else null
-  const std::vector<bool> early_;  // EarlyOutputs
+  const std::vector<bool>& early_;  // EarlyOutputs
 };
 
 }  // namespace
