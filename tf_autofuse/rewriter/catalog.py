@@ -759,6 +759,12 @@ def tf_op(op_type: str) -> Optional[TfOp]:
     return TF_OPS.get(op_type)
 
 
+def is_view(op_type: str) -> bool:
+    """A TF op that only reshapes its input (Reshape, Squeeze, ExpandDims: kind VIEW)."""
+    entry = TF_OPS.get(op_type)
+    return entry is not None and entry.kind == VIEW
+
+
 # --- static shapes ----------------------------------------------------------------------------
 
 

@@ -198,7 +198,8 @@ class _Editor:
                  if node.name not in self.removed] + self.added
         while True:
             read = {parse_input(text)[0] for node in nodes for text in node.input}
-            dead = {node.name for node in nodes if node.op in _VIEW_OPS and node.name not in read
+            dead = {node.name for node in nodes
+                    if catalog.is_view(node.op) and node.name not in read
                     and node.name not in protected and self.view.data_consumers(node.name)}
             if not dead:
                 break
@@ -294,15 +295,12 @@ def _channel_operand(view: GraphView, name: str, value: Tensor, columns: tuple, 
     return _through_views(view, other, columns, protected)
 
 
-_VIEW_OPS = ("Reshape", "Squeeze", "ExpandDims")
-
-
 def _through_views(view: GraphView, tensor: Tensor, columns: tuple, protected) -> Tensor:
     """The tensor a chain of view nodes reshaped into `tensor` (a channel vector), read in its
     stead when it is a channel vector itself: Keras reshapes a layer's [C] bias to
     [1,1,1,C] and TensorFlow's remapper squeezes it back for its fused kernel."""
     best = tensor
-    while (tensor[1] == 0 and view.node(tensor[0]).op in _VIEW_OPS
+    while (tensor[1] == 0 and catalog.is_view(view.node(tensor[0]).op)
            and tensor[0] not in protected and not view.control_inputs(tensor[0])
            and not view.control_consumers(tensor[0])):
         tensor = view.data_inputs(tensor[0])[0]
