@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from .graph import GraphView
+from .graph import GraphView, format_shape
 
 OPS = ("Einsum", "BatchMatMulV2")
 
@@ -56,13 +56,9 @@ def analyse(view: GraphView, name: str):
     if found is None:
         return None, f"{node.op} epilogue: {reason}"
     if found.k < 0 or min(found.columns, default=1) < 0:
-        return None, (f"{node.op} epilogue: the right operand's shape {shape_text(right)} is not "
+        return None, (f"{node.op} epilogue: the right operand's shape {format_shape(right)} is not "
                       "static (the product's K and N must be)")
     return found, None
-
-
-def shape_text(shape) -> str:
-    return "[" + ",".join("?" if d < 0 else str(d) for d in shape) + "]"
 
 
 def _batch_matmul(node, left: tuple, right: tuple):
@@ -71,8 +67,8 @@ def _batch_matmul(node, left: tuple, right: tuple):
     if len(left) < 2 or len(right) < 2:
         return None, "an operand of rank below 2"
     if any(d != 1 for d in right[:-2]):
-        return None, (f"the right operand {shape_text(right)} has batch axes: a batch of products, "
-                      "not one MatMul")
+        return None, (f"the right operand {format_shape(right)} has batch axes: a batch of "
+                      "products, not one MatMul")
     transpose_b = bool(node.attr["adj_y"].b)
     k, n = (right[-1], right[-2]) if transpose_b else (right[-2], right[-1])
     if left[-1] >= 0 and k >= 0 and left[-1] != k:

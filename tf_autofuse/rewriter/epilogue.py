@@ -56,7 +56,7 @@ import numpy as np
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 
 from . import catalog, einsum
-from .graph import GraphView, Tensor, parse_input, tensor_name
+from .graph import GraphView, Tensor, format_shape, parse_input, tensor_name
 from .partition import Refusal
 from . import scope
 
@@ -399,9 +399,9 @@ def _off_columns(view: GraphView, name: str, value: Tensor, columns: tuple) -> s
     if (len(inputs) != 2 or not shape or value_shape is None
             or min(*shape, *value_shape) < 0 or np.prod(shape) >= np.prod(value_shape)):
         return ""
-    return (f"the {view.node(name).op} of a {einsum.shape_text(shape)} operand to its "
-            f"{einsum.shape_text(value_shape)} output is not one value per output channel "
-            f"{einsum.shape_text(columns)}: not a bias of the fused kernel")
+    return (f"the {view.node(name).op} of a {format_shape(shape)} operand to its "
+            f"{format_shape(value_shape)} output is not one value per output channel "
+            f"{format_shape(columns)}: not a bias of the fused kernel")
 
 
 def _trailing(shape, channels: int) -> Optional[tuple]:
@@ -630,7 +630,7 @@ def _output_target(view: GraphView, chain: _Chain):
         return ()
     shape = view.output_shape(chain.op)
     if shape is None or sum(d < 0 for d in shape) > 1:
-        shown = "unknown" if shape is None else einsum.shape_text(shape)
+        shown = "unknown" if shape is None else format_shape(shape)
         return (f"{node.op} epilogue: its output shape {shown} is not static but for one size "
                 "(the Reshape after the fused MatMul needs it)")
     return tuple(d if d >= 0 else -1 for d in shape)
