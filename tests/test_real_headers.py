@@ -1,5 +1,6 @@
 """Optional: every generated kernel of the codegen suite compiled against the real Ascend C headers,
-in their CPU-debug mode (docs/ASCEND_C.md), with g++ and, where installed, clang++.
+in their CPU-debug mode (docs/ASCEND.md, "CANN versions, and what has been verified"), with g++
+and, where installed, clang++.
 
 Skipped unless headers are given. Either a CANN install ($ASCEND_HOME_PATH, with
 compiler/tikcpp/tikcfw and tools/tikicpulib/lib/include), or the open sources:

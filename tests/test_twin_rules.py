@@ -1,4 +1,4 @@
-"""The CPU twin holds kernels to the real Ascend C framework's limits (docs/ASCEND_C.md), and the
+"""The CPU twin holds kernels to the real Ascend C framework's limits (docs/ASCEND.md, "How it is verified"), and the
 generator keeps to them for groups of any size.
 
 Each rule of the twin has a small hand-written kernel that breaks it and one that keeps it (one

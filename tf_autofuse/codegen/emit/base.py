@@ -11,13 +11,13 @@ An emitter turns a planned ComputePlan (compute.py) into the three sources of a 
 The subclasses (flat.py, broadcast.py, reduce.py, column.py) give the schedule's parts: where an
 input is read from, the tile loop, the tiling function and its call.
 
-Queues keep to the framework's limits (docs/ASCEND_C.md, enforced by the twin): each queue position
-(VECIN, VECOUT) has 8 event IDs per event type, and every buffer of a queue holds one from its
-FreeTensor to its next AllocTensor, so a position may have at most 8 buffers; one TPipe manages at
-most 64 buffers. While they fit, every queued input and every output has its own double-buffered
-queue; past 8 buffers in a position, its tiles share one depth-1 queue of two buffers (TQue<pos, 1>
-with two buffers is double buffering), one 32-byte-aligned section per tensor. A kernel that would
-still need more than 64 buffers is refused with the count.
+Queues keep to the framework's limits (docs/ASCEND.md, "How it is verified"; enforced by the twin):
+each queue position (VECIN, VECOUT) has 8 event IDs per event type, and every buffer of a queue
+holds one from its FreeTensor to its next AllocTensor, so a position may have at most 8 buffers;
+one TPipe manages at most 64 buffers. While they fit, every queued input and every output has its
+own double-buffered queue; past 8 buffers in a position, its tiles share one depth-1 queue of two
+buffers (TQue<pos, 1> with two buffers is double buffering), one 32-byte-aligned section per
+tensor. A kernel that would still need more than 64 buffers is refused with the count.
 """
 
 from __future__ import annotations
