@@ -12,7 +12,8 @@ failure.
 
 --features: `all` (the default: every op of the catalog, broadcast operands and views,
 reductions with the reduce pass on), `elementwise` (no broadcast operands, no reductions), or a
-comma-separated list of `broadcast`, `reductions`.
+comma-separated list of `broadcast`, `reductions`, `flags` (random partition limits) and `views`
+(views of the graph's own values between ops; not in `all`, whose seeds keep their graphs).
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def features_from(text: str) -> "rg.Features":
     if text == "elementwise":
         return rg.Features()
     words = {w.strip() for w in text.split(",") if w.strip()}
-    unknown = words - {"broadcast", "reductions"}
+    unknown = words - {"broadcast", "reductions", "flags", "views"}
     if unknown:
         raise SystemExit(f"fuzz_long: unknown feature(s) {sorted(unknown)}")
-    return rg.Features(broadcast="broadcast" in words, reductions="reductions" in words)
+    return rg.Features(broadcast="broadcast" in words, reductions="reductions" in words,
+                       flags="flags" in words, value_views="views" in words)
 
 
 def main() -> int:

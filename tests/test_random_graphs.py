@@ -305,12 +305,17 @@ class Features:
     flags: the fused run (and the rewriter) also get a random `max_fusion_size`,
       `max_input_nums_after_fuse` and `recomputation_threshold` (groups split, inputs limited,
       producers recomputed in their consumers' kernels).
+    value_views: views of the graph's own values between ops: Reshape, Squeeze or ExpandDims
+      that add or drop leading size-1 axes (fused as aliases) and flattening Reshapes (never
+      fused), read by an elementwise op with the value itself. Apart from ALL so that the
+      graphs its seeds found stay the graphs they were.
     """
 
     broadcast: bool = False
     reductions: bool = False
     max_nodes: int = 12
     flags: bool = False
+    value_views: bool = False
 
 
 ALL = Features(broadcast=True, reductions=True, flags=True)
@@ -616,6 +621,45 @@ class _Builder:
         spec = self.ch.choice([s for s in BINARY if ENUMS[dtype] in s.dtypes])
         return self.node(self.ch.choice(spec.tf_ops), spec.ir_name, (a, v), dtype)
 
+    def value_view(self):
+        """A view of a value of the graph, combined with that value by a binary op: Squeeze of
+        a leading 1, ExpandDims at 0 or a Reshape adding leading ones (aliases when fused),
+        or a Reshape to one flat axis (a view that moves sizes: never fused)."""
+        a = self.pick(lambda v: self.data(v) and len(self.shape_of(v)) >= 1)
+        if a is None:
+            return None
+        dtype, shape = self.dtype_of(a), self.shape_of(a)
+        if self.features.reductions and len(shape) >= 2 and self.ch.chance(0.5):
+            # a gradient's reduction to a parameter's shape: leading axes summed with keep_dims,
+            # then Reshape or Squeeze to the parameter's shape, then an update with a new input
+            lead = self.ch.integers(1, len(shape) - 1)
+            spec = self.ch.choice([s for s in REDUCTIONS if ENUMS[dtype] in s.dtypes])
+            r = self._reduction(spec, a, list(range(lead)), True)
+            if self.ch.chance(0.5):
+                v = self.node("Reshape", "View", (r,), dtype, shape=shape[lead:])
+            else:
+                v = self.node("Squeeze", "View", (r,), dtype, shape=shape[lead:],
+                              squeeze=tuple(range(lead)))
+            p = self.add(Input(shape[lead:], dtype=dtype))
+            spec = self.ch.choice([s for s in BINARY if ENUMS[dtype] in s.dtypes])
+            return self.node(self.ch.choice(spec.tf_ops), spec.ir_name, (p, v), dtype)
+        choices = ["expand", "reshape"] + (["squeeze"] if len(shape) >= 2 and shape[0] == 1
+                                           else []) + (["flatten"] if len(shape) >= 2 else [])
+        op = self.ch.choice(choices)
+        if op == "squeeze":
+            v = self.node("Squeeze", "View", (a,), dtype, shape=shape[1:], squeeze=(0,))
+        elif op == "expand":
+            v = self.node("ExpandDims", "View", (a,), dtype, shape=(1,) + shape, axis=0)
+        elif op == "reshape":
+            v = self.node("Reshape", "View", (a,), dtype,
+                          shape=(1,) * self.ch.integers(1, 3) + shape)
+        else:
+            v = self.node("Reshape", "View", (a,), dtype, shape=(int(np.prod(shape)),))
+            return self.node("Neg" if dtype != "bool" else "LogicalNot",
+                             "Neg" if dtype != "bool" else "LogicalNot", (v,), dtype)
+        spec = self.ch.choice([s for s in BINARY if ENUMS[dtype] in s.dtypes])
+        return self.node(self.ch.choice(spec.tf_ops), spec.ir_name, (v, a), dtype)
+
     def _reduction(self, spec, x, axes, keep) -> int:
         shape = reduced_shape(self.shape_of(x), axes, keep)
         return self.node(spec.tf_ops[0], spec.ir_name, (x,), self.dtype_of(x), shape=shape,
@@ -742,6 +786,8 @@ def _moves(dtype: str, features: Features) -> list:
         moves += ["view", "tile"]
     if features.reductions:
         moves += ["reduce", "reduce", "reduce", "softmax", "layernorm", "bias_grad"]
+    if features.value_views:
+        moves += ["value_view", "value_view", "value_view"]
     return moves
 
 
@@ -1562,6 +1608,27 @@ def test_random_graphs_with_broadcast_operands():
     rng = np.random.default_rng(20261203)
     for _ in range(25):
         check_spec(generate(RandomChooser(rng), Features(broadcast=True)))
+
+
+VIEWS_BETWEEN = Features(broadcast=True, reductions=True, flags=True, value_views=True)
+
+
+def test_random_graphs_with_views_between_ops():
+    """Views of the graph's own values between fused ops: those that add or drop leading
+    size-1 axes join the group as aliases of their operand (a Sum with keep_dims and the
+    Reshape after it), the others stay TensorFlow's."""
+    rng = np.random.default_rng(20261205)
+    aliased = 0
+    for _ in range(150):
+        spec = generate(RandomChooser(rng), VIEWS_BETWEEN)
+        check_spec(spec)
+        graph, _, _ = build_graph(spec, make_data(spec))
+        result = rewriter.rewrite(
+            graph.as_graph_def(), preserve=[spec.name(v) for v in spec.fetches + spec.fed],
+            feeds=[spec.name(v) for v in spec.fed], flags=rewriter_flags(spec))
+        aliased += sum(1 for f in result.fusions for n in f.nodes
+                       if graph.get_operation_by_name(n).type in VIEWS)
+    assert aliased >= 10, f"only {aliased} views fused as aliases"
 
 
 def test_generator_is_deterministic():

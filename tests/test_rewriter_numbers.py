@@ -331,6 +331,47 @@ def test_reduced_and_full_outputs_together():
         "in0: f32[6,5]\n%0 = Mean in0 axes=[0]\n%1 = Sub in0, %0\nout0 = %0 -> [5]\nout1 = %1\n")}
 
 
+def test_views_between_fused_ops_that_add_or_drop_leading_ones_are_aliases():
+    """A gradient's Sum with keep_dims and the Reshape to the parameter's shape, a mean's
+    Squeeze to [C] and the Reshape back to [1,1,1,C]: numpy broadcasting aligns trailing axes,
+    so the readers read the value itself and the views leave the graph. A Reshape that moves
+    sizes (flattening) stays TensorFlow's, and so does one adding more axes than any input of
+    the group has."""
+    def build():
+        g = tf1.placeholder(tf.float32, [16, 8, 4, 32], name="g")
+        m = tf1.placeholder(tf.float32, [4, 32], name="m")
+        s = tf.reduce_sum(tf.exp(g * 0.5), [0, 1], keepdims=True)
+        tf.identity(0.9 * m - 0.01 * tf.reshape(s, [4, 32]), name="update")
+        y = tf1.placeholder(tf.float32, [8, 5, 5, 16], name="y")
+        stats = tf.squeeze(tf.reduce_mean(y, [0, 1, 2], keepdims=True), [0, 1, 2])
+        tf.identity(y * tf.reshape(stats * 2.0 + 1.0, [1, 1, 1, 16]), name="scaled")
+        v = tf1.placeholder(tf.float32, [6, 7], name="v")
+        h = tf.abs(v) * 2.0
+        tf.identity(tf.exp(tf.reshape(h, [42])) + 1.0, name="flat")
+        tf.identity(tf.exp(tf.expand_dims(h, 0)) - 1.0, name="wider")
+    values = {"g": uniform(23, (16, 8, 4, 32)), "m": uniform(24, (4, 32)),
+              "y": uniform(25, (8, 5, 5, 16)), "v": uniform(26, (6, 7))}
+    result = expanded_matches(tf_graph(build), ["update", "scaled", "flat", "wider"], values,
+                              flags=REDUCE_ON)
+    assert programs(result) == {
+        "autofuse_reduce_0_Mul_Exp_Sum_Mul_Mul_Sub": (
+            "in0: f32[16,8,4,32]\nin1: f32[4,32]\n%0 = Mul in0, 0.5\n%1 = Exp %0\n"
+            "%2 = Sum %1 axes=[0,1]\n%3 = Mul 0.8999999761581421, in1\n"
+            "%4 = Mul 0.009999999776482582, %2\n%5 = Sub %3, %4\nout0 = %5 -> [4,32]\n"),
+        "autofuse_reduce_1_Mean_Mul_AddV2_Mul": (
+            "in0: f32[8,5,5,16]\n%0 = Mean in0 axes=[0,1,2]\n%1 = Mul %0, 2.0\n"
+            "%2 = Add %1, 1.0\n%3 = Mul in0, %2\nout0 = %3\n"),
+        # the flattening view and the widening one split their groups: each is read by the
+        # group after it as an input view
+        "autofuse_pointwise_2_Abs_Mul": "in0: f32[6,7]\n%0 = Abs in0\n%1 = Mul %0, 2.0\n"
+                                        "out0 = %1\n",
+        "autofuse_pointwise_3_Exp_AddV2": "in0: f32[6,7] -> [42]\n%0 = Exp in0\n%1 = Add %0, 1.0\n"
+                                          "out0 = %1\n",
+        "autofuse_pointwise_4_Exp_Sub": "in0: f32[6,7] -> [1,6,7]\n%0 = Exp in0\n"
+                                        "%1 = Sub %0, 1.0\nout0 = %1\n"}
+    assert not [n for n in result.graph_def.node if n.op in ("Reshape", "Squeeze", "ExpandDims")]
+
+
 def test_input_views_reshape_expand_dims_squeeze():
     def build():
         x = tf1.placeholder(tf.float32, [4, 16, 8, 8], name="x")

@@ -94,7 +94,8 @@ def compute_ops(view: GraphView, name: str) -> list:
         if not ops or any(catalog.for_tf_op(op) is None for op in ops):
             return []
         return ops
-    return [node.op] if catalog.tf_op(node.op) is not None else []
+    entry = catalog.tf_op(node.op)
+    return [node.op] if entry is not None and entry.kind != catalog.VIEW else []
 
 
 def compute_dtype(view: GraphView, name: str) -> Optional[int]:
@@ -152,6 +153,12 @@ def _node_facts(view: GraphView, name: str) -> _NodeFacts:
 
 def _compute_node_facts(view: GraphView, name: str) -> _NodeFacts:
     node = view.node(name)
+    entry = catalog.tf_op(node.op)
+    if entry is not None and entry.kind == catalog.VIEW:  # an alias member (aliased_shape)
+        dtype = view.dtype(name)
+        if dtype not in catalog.IR_DTYPES:
+            raise Unfusible(f"{name}: {node.op} of dtype {catalog.dtype_name(dtype)}")
+        return _NodeFacts(node, [], entry, view.data_inputs(name)[:1], 1, [dtype], dtype, [0])
     ops = compute_ops(view, name)
     if not ops:
         raise Unfusible(f"{name}: {node.op} is not supported")
@@ -315,6 +322,13 @@ def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
                 outside_tensors.add(x)
         shapes = [shape for _, _, shape, _ in operands]
         axes, keep = None, False
+        if entry is not None and entry.kind == catalog.VIEW:
+            if operands[0][0] != "val":
+                raise Unfusible(f"{name}: a {node.op} of a tensor from outside the group is read "
+                                "through (an input view), not computed")
+            values[name] = aliased_shape(view, name, shapes[0])
+            plans.append((name, entry, ops, operands, axes, keep))
+            continue
         if entry is not None and entry.operand_shapes is not None:
             try:
                 adjusted = entry.operand_shapes(node, shapes)
@@ -444,6 +458,12 @@ def _plan(view: GraphView, members: list, preserve: AbstractSet[str],
                 value.placement = tuple(a for a in range(rank) if a not in axes)
             value.reduced = True
             continue
+        if entry is not None and entry.kind == catalog.VIEW:
+            x = operands[0][1]
+            value.placement = _aliased_placement(name, values[x].shape, values[x].placement,
+                                                 value.shape)
+            value.reduced = values[x].reduced
+            continue
         live = [(k, x, s) for k, x, s, _ in operands if k != "imm"]
         k_rank = max(len(s) for _, _, s in live)
         out_placement = None
@@ -479,6 +499,13 @@ def _plan(view: GraphView, members: list, preserve: AbstractSet[str],
             raise Unfusible(
                 "inputs " + " and ".join(_fmt(v) for v in views) + " not known to broadcast"
             ) from None
+        # the kernel iterates over the broadcast of what it reads: an alias whose leading ones
+        # give the group more axes than any input is read with has no axes there to be stored
+        read_ranks = [rank if tuple(p) != tuple(range(rank - len(s), rank)) else len(s)
+                      for _, s, p in usages]
+        if max(read_ranks) < rank:
+            raise Unfusible(f"the group has {rank} axes, more than any input it reads: the "
+                            "leading size-1 axes of a view of one of its values")
     reduce_axes = None
     for name, axes, shape, placement, full_rank in reductions:
         if reduce_axes is not None and axes != reduce_axes:
@@ -606,6 +633,48 @@ def _broadcast_read(view: GraphView, node, inner: Tensor, shape, placement, rank
     return _embed(tuple(inner_shape), placement, rank)
 
 
+def _strip_ones(shape: tuple) -> tuple:
+    """`shape` without its leading size-1 axes."""
+    lead = 0
+    while lead < len(shape) and shape[lead] == 1:
+        lead += 1
+    return tuple(shape[lead:])
+
+
+def aliased_shape(view: GraphView, name: str, operand: Optional[tuple]) -> tuple:
+    """The shape of a view node fused as an alias of its operand's value, or Unfusible.
+
+    A Reshape, Squeeze or ExpandDims that only adds or drops leading size-1 axes ([1,1,C] and
+    [C], a Sum with keep_dims and the Reshape that undoes the broadcast in a gradient) changes
+    nothing numpy broadcasting sees: broadcasting aligns trailing axes. Its readers in the
+    group read the operand's value as it is; an output of it is stored with its own shape (an
+    output view). The result: the node's leading ones, then the operand's other sizes (their
+    symbols, so that unknown sizes stay tied to the operand's)."""
+    out = view.tensor_shape((name, 0))
+    node = view.node(name)
+    if operand is None or out is None:
+        raise Unfusible(f"{name}: a {node.op} of unknown rank")
+    core, out_core = _strip_ones(operand), _strip_ones(tuple(out))
+    if len(core) != len(out_core) or any(
+            o != c and not (o < 0 and c < 0) for o, c in zip(out_core, core)):
+        raise Unfusible(f"{name}: a {node.op} from {_fmt(operand)} to {_fmt(tuple(out))} does "
+                        "more than add or drop leading size-1 axes")
+    return (1,) * (len(out) - len(out_core)) + core
+
+
+def _aliased_placement(name: str, operand: tuple, placement: tuple, shape: tuple) -> tuple:
+    """The iteration axes of an alias's dimensions: its operand's for the sizes they share,
+    the axes just before them for its leading ones."""
+    core = len(_strip_ones(operand))
+    kept = tuple(placement[len(placement) - core:]) if core else ()
+    lead = len(shape) - core
+    first = kept[0] if kept else (placement[-1] + 1 if placement else lead)
+    if first < lead:
+        raise Unfusible(f"{name}: its {lead} leading size-1 axes have no place before the "
+                        "iteration axes of its operand")
+    return tuple(range(first - lead, first)) + kept
+
+
 def _operand_placement(plan: _Plan, name: str, entry):
     """(the member's placement, its rank) as its "in" operands are placed by."""
     if plan.unknown_rank:
@@ -618,6 +687,8 @@ def _operand_placement(plan: _Plan, name: str, entry):
 
 def _emit_node(em, name: str, node, entry, ops, args, axes):
     """The instructions of one member (em(op, operands, attrs) -> Ref); its result."""
+    if entry is not None and entry.kind == catalog.VIEW:  # an alias: its operand's value
+        return args[0]
     if entry is None:  # a composition: a chain of unary ops
         result = args[0]
         for op in ops:

@@ -132,6 +132,25 @@ def _refuse_candidate(view: GraphView, name: str, feeds: frozenset,
     return None
 
 
+def _through_view(view: GraphView, name: str, feeds: frozenset, policy: Policy,
+                  group_of: dict) -> tuple:
+    """(the group, `name`) when `name` is a Reshape, Squeeze or ExpandDims of output 0 of a
+    group's member that may join it as an alias (lower.aliased_shape says whether the shapes
+    allow it); else (None, None). A view that is not fused stays what it was: read through
+    as an input view, or a kernel of its own. No refusal is recorded for it."""
+    node = view.node(name)
+    entry = catalog.tf_op(node.op)
+    if entry is None or entry.kind != catalog.VIEW or name in group_of:
+        return None, None
+    inputs = view.data_inputs(name)
+    if not inputs or inputs[0][1] != 0 or inputs[0][0] not in group_of:
+        return None, None
+    if (scope.disabled(node) or name in policy.skip_names or node.op in policy.skip_types
+            or view.device_type(name) != "CPU" or name in feeds or view.in_cycle(name)):
+        return None, None
+    return group_of[inputs[0][0]], name
+
+
 def _cycle_through(view: GraphView, members: set) -> Optional[str]:
     """The first outside node of a path from the members back to them, or None.
 
@@ -222,9 +241,16 @@ def find_groups(
         group_of[name] = group
         for producer, _ in view.data_inputs(name):
             other = group_of.get(producer)
+            alias = None
+            if other is None:  # a view between this node and a group: fused as an alias?
+                other, alias = _through_view(view, producer, feeds, policy, group_of)
             if other is None or other is group:
                 continue
+            if alias is not None:
+                other = dataclasses.replace(other, members=other.members + [alias], lowered=None)
             reason, lowered = _refuse_merge(view, group, other, producer, policy, lower_alone)
+            if reason is not None and alias is not None:
+                continue  # the view is read through as before: nothing was refused
             if reason is not None:
                 merge_refusals.append((len(refusals), producer))
                 refusals.append(Refusal(name, reason))
