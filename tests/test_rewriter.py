@@ -467,6 +467,32 @@ def test_cycle_through_a_control_edge():
     assert ("b", "would create a cycle through X") in result.refusals
 
 
+def test_a_const_waiting_on_a_member_is_an_immediate(ops):
+    """TensorFlow's gradients make a Const wait on the gradient it scales (the 2.0 of
+    SquaredDifference's): read by the group that holds that gradient, a scalar is an immediate,
+    and the edge ^a -> Const closes no cycle. A non-scalar one would be an input: refused."""
+    two = const("two", 2.0)
+    two.input.append("^a")
+    g = graph(placeholder("x"), node("a", "Relu", ["x"]), two, node("b", "Mul", ["two", "a"]),
+              node("e", "Exp", ["b"]))
+    result = rewriter.rewrite(g, preserve=["e"])
+    assert [f.nodes for f in result.fusions] == [("a", "b", "e")]
+    fused = by_name(result.graph_def)[result.fusions[0].name]
+    assert list(fused.input) == ["x"] and "2.0" in fused.attr["program"].s.decode()
+    x = uniform(7, (4, 3))
+    (want,) = run_graph(g, ["e"], {"x": x})
+    (got,) = run_graph(result.graph_def, ["e"], {"x": x})
+    np.testing.assert_allclose(got, want, rtol=3e-7)  # the Exp of each: within an ulp or two
+    np.testing.assert_allclose(got, np.exp(2.0 * np.maximum(x.astype(np.float64), 0)), rtol=1e-6)
+
+    row = const("row", [1.0, 2.0, 3.0])
+    row.input.append("^a")
+    g = graph(placeholder("x"), node("a", "Relu", ["x"]), row, node("b", "Mul", ["row", "a"]))
+    result = rewriter.rewrite(g, preserve=["b"])
+    assert not result.fusions
+    assert ("b", "would create a cycle through row") in result.refusals
+
+
 def test_a_v1_while_loop_orders_and_fuses_its_body():
     g = graph(
         placeholder("x"),

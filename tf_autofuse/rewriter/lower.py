@@ -104,10 +104,10 @@ def compute_dtype(view: GraphView, name: str) -> Optional[int]:
 
 
 def scalar_immediate(view: GraphView, tensor: Tensor, dtype: Optional[int],
-                     feeds: AbstractSet[str] = frozenset()):
+                     feeds: AbstractSet[str] = frozenset(), members: AbstractSet[str] = frozenset()):
     """The Python value of a finite scalar Const of dtype `dtype`, or None (also for a Const
-    the caller feeds or that waits on a control input)."""
-    if tensor[0] in feeds or (tensor[0] in view and view.control_inputs(tensor[0])):
+    the caller feeds or that waits on a control input other than the group's `members`)."""
+    if tensor[0] in feeds or (tensor[0] in view and not waits_on_members(view, tensor[0], members)):
         return None
     value = view.const_value(tensor)
     if value is None or value.shape != () or dtype not in catalog.IR_DTYPES:
@@ -178,6 +178,14 @@ def _compute_node_facts(view: GraphView, name: str) -> _NodeFacts:
 
 
 _NOT_IMMEDIATE = object()
+
+
+def waits_on_members(view: GraphView, name: str, members: AbstractSet[str]) -> bool:
+    """Whether every control input of `name` is one of `members`. TensorFlow's gradients make a
+    Const wait on the gradient it scales (`with ops.control_dependencies([grad])`, the 2.0 of
+    SquaredDifference's): read by the same group as that gradient, it is an immediate like any
+    other, since the fused node runs after its members anyway."""
+    return all(c in members for c in view.control_inputs(name))
 
 
 def _immediate(view: GraphView, tensor: Tensor, dtype, feeds: AbstractSet[str]):
@@ -308,6 +316,8 @@ def _first_pass(view: GraphView, members: list, member_set: AbstractSet[str],
             immediate = None
             if entry is None or entry.immediates:
                 immediate = _immediate(view, tensor, dtype, feeds)
+                if immediate is None and tensor[0] in view and view.control_inputs(tensor[0]):
+                    immediate = scalar_immediate(view, tensor, dtype, feeds, member_set)
             if immediate is not None:
                 operands.append(("imm", immediate, (), dtype))
             else:

@@ -32,7 +32,7 @@ from typing import AbstractSet, Iterable, NamedTuple, Optional
 
 from . import catalog, cost, errors, scope
 from .graph import GraphView, node_name
-from .lower import Lowered, Unfusible, build, check, compute_ops
+from .lower import Lowered, Unfusible, build, check, compute_ops, waits_on_members
 
 
 class Refusal(NamedTuple):
@@ -151,11 +151,14 @@ def _through_view(view: GraphView, name: str, feeds: frozenset, policy: Policy,
     return group_of[inputs[0][0]], name
 
 
-def _cycle_through(view: GraphView, members: set) -> Optional[str]:
+def _cycle_through(view: GraphView, members: set, inlined: Optional[set] = None) -> Optional[str]:
     """The first outside node of a path from the members back to them, or None.
 
     Only nodes placed before the last member can lie on such a path (edges go forward in
-    the topological order), so the search stops there.
+    the topological order), so the search stops there. With `inlined` (a set to fill), a Const
+    that waits on members only (lower.waits_on_members) closes no path through its edges into
+    the members, which read it as an immediate: such Consts are added to `inlined`, and the
+    caller checks that the lowered group did not make any of them an input.
     """
     limit = max(view.position[m] for m in members)
     origin: dict[str, str] = {}
@@ -169,6 +172,10 @@ def _cycle_through(view: GraphView, members: set) -> Optional[str]:
         node = stack.pop()
         for succ in view.successors(node):
             if succ in members:
+                if inlined is not None and view.node(node).op == "Const" \
+                        and waits_on_members(view, node, members):
+                    inlined.add(node)
+                    continue
                 return origin[node]
             if succ not in origin and view.position[succ] < limit:
                 origin[succ] = origin[node]
@@ -299,7 +306,8 @@ def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Polic
     if group.size + other.size > policy.max_fusion_size:
         return f"group full (max_fusion_size={policy.max_fusion_size})", None
     members = set(group.members) | set(other.members)
-    through = _cycle_through(view, members)
+    inlined: set = set()
+    through = _cycle_through(view, members, inlined)
     if through is not None:
         return f"would create a cycle through {through}", None
     try:
@@ -307,6 +315,9 @@ def _refuse_merge(view, group: Group, other: Group, producer: str, policy: Polic
                         feeds=policy.feeds)
     except Unfusible as err:
         return f"cannot join {producer}'s group: {err}", None
+    read = [name for name, _ in lowered.inputs if name in inlined]
+    if read:  # a Const the program reads as an input after all (not a scalar, or no immediate)
+        return f"would create a cycle through {read[0]}", None
     if len(lowered.inputs) > policy.max_inputs:
         return _too_many(len(lowered.inputs), policy), None
     # A group that does not lower on its own runs as TensorFlow's kernels unless this merge is
