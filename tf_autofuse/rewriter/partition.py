@@ -183,6 +183,15 @@ def _cycle_through(view: GraphView, members: set, inlined: Optional[set] = None)
     return None
 
 
+def _merge(view: GraphView, group: Group, other: Group, lowered, group_of: dict) -> None:
+    """`other`'s members join `group` (whose program is now `lowered`)."""
+    group.members = sorted(group.members + other.members, key=view.position.get)
+    group.size += other.size
+    group.lowered = lowered
+    for member in other.members:
+        group_of[member] = group
+
+
 def find_groups(
     view: GraphView, feeds: Iterable[str] = (), max_fusion_size: Optional[int] = None,
     policy: Optional[Policy] = None,
@@ -262,11 +271,35 @@ def find_groups(
                 merge_refusals.append((len(refusals), producer))
                 refusals.append(Refusal(name, reason))
                 continue
-            group.members = sorted(group.members + other.members, key=view.position.get)
-            group.size += other.size
-            group.lowered = lowered
-            for member in other.members:
-                group_of[member] = group
+            _merge(view, group, other, lowered, group_of)
+    # A merge refused because it closed a cycle through a node outside both groups may be
+    # cycle-free once that node has joined one of them, or together with that node's group
+    # (BatchNorm's backward: the gradients of the mean and of the variance come back into dx
+    # through a Tile of a reduced value, which can join neither side alone). Such merges are
+    # tried again, whole groups, in the order they were refused, until none succeeds.
+    retried = True
+    while retried:
+        retried = False
+        for i, producer in merge_refusals:
+            name = refusals[i].node
+            group, other = group_of.get(name), group_of.get(producer)
+            if group is None or other is None or group is other:
+                continue
+            through = _cycle_through(view, set(group.members) | set(other.members))
+            if through is None and not refusals[i].reason.startswith("would create a cycle"):
+                continue  # refused for another reason, which still holds
+            joining = [other]
+            third = group_of.get(through) if through is not None else None
+            if third is not None and third is not group and third is not other:
+                joining.append(third)
+            union = dataclasses.replace(
+                other, members=[m for g in joining for m in g.members],
+                size=sum(g.size for g in joining), lowered=None)
+            reason, lowered = _refuse_merge(view, group, union, producer, policy, lower_alone)
+            if reason is None:
+                for joined in joining:
+                    _merge(view, group, joined, lowered, group_of)
+                retried = True
     # a merge refused early may have happened later through another path: not a refusal
     settled = {i for i, producer in merge_refusals
                if group_of.get(producer) is not None
