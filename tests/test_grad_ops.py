@@ -293,6 +293,28 @@ def test_keras_training_step_fuses_its_gradient_ops(tmp_path):
         np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+def test_keras_batch_norm_training_step_leaves_no_gradient_plumbing(tmp_path):
+    """Keras BatchNormalization's backward: the gradients of the batch mean and variance come
+    back into dx through Tiles of reduced values and RsqrtGrad, which greedy merging alone left
+    out (each merge closed a cycle through the other); the partitioner's second round takes
+    them. The steps' numbers are the unfused run's."""
+    script = ROOT / "tests/scripts/train_step.py"
+    on = json.loads(python([script, tmp_path / "on.npz", "conv_bn"],
+                           "--enable_autofuse=true;--autofuse_enable_pass=reduce",
+                           tmp_path).splitlines()[-1])
+    off = json.loads(python([script, tmp_path / "off.npz", "conv_bn"], None,
+                            tmp_path).splitlines()[-1])
+    assert {"Tile", "RsqrtGrad", "ReluGrad"} <= set(off["ops"]), off["ops"]
+    # (what stays: the optimizer's int64 step count AddV2, the pooling's Mean and the Tile and
+    # scaling of its gradient, which has no reduction of the same axes to join)
+    assert not {"RsqrtGrad", "ReluGrad", "Sub", "AddN", "Sum"} & set(on["ops"]), on["ops"]
+    tiled = [k for k in on["kernels"] if "_Tile_" in k and "_RsqrtGrad" not in k]
+    assert len(tiled) == 2, on["kernels"]  # each BatchNormalization's dx: one kernel
+    fused, unfused = np.load(tmp_path / "on.npz"), np.load(tmp_path / "off.npz")
+    for key in ("losses", "gradients", "weights"):
+        np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
 # --- Tile of size-1 axes: a broadcast ------------------------------------------------------------
 
 

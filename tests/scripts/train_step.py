@@ -1,10 +1,10 @@
-"""A few SGD steps of a small dense network, one activation a layer; save losses, gradients and
-the executed op types.
+"""A few SGD steps of a small dense network, one activation a layer (or of a small conv net with
+Keras BatchNormalization, `conv_bn`); save losses, gradients and the executed op types.
 
 Run by tests/test_grad_ops.py in a fresh process, with AUTOFUSE_FLAGS enabling fusion (and the
 reduce pass, for BiasAddGrad) and without, so that the training step's backward ops go through
 the CPU plugin path as a user's would.
-Usage: python train_step.py OUT.npz
+Usage: python train_step.py OUT.npz [dense|conv_bn]
 """
 
 import json
@@ -19,17 +19,32 @@ ACTIVATIONS = ("relu", "sigmoid", "tanh", "elu", "selu", "softplus")
 STEPS = 3
 
 
-def main(out_path):
+def dense_model(keras):
+    layers = [keras.layers.Dense(32, activation=name) for name in ACTIVATIONS]
+    layers.append(keras.layers.Dense(1))
+    return keras.Sequential([keras.Input(shape=(16,)), *layers]), (64, 16)
+
+
+def conv_bn_model(keras):
+    """Two convolutions, each with BatchNormalization (training: batch statistics, moving
+    averages) and a ReLU, then global average pooling and a Dense layer."""
+    layers = []
+    for _ in range(2):
+        layers += [keras.layers.Conv2D(16, 3, padding="same", use_bias=False),
+                   keras.layers.BatchNormalization(), keras.layers.ReLU()]
+    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(1)]
+    return keras.Sequential([keras.Input(shape=(12, 12, 8)), *layers]), (16, 12, 12, 8)
+
+
+def main(out_path, model_name="dense"):
     import keras
 
     keras.utils.set_random_seed(0)
-    layers = [keras.layers.Dense(32, activation=name) for name in ACTIVATIONS]
-    layers.append(keras.layers.Dense(1))
-    model = keras.Sequential([keras.Input(shape=(16,)), *layers])
+    model, shape = {"dense": dense_model, "conv_bn": conv_bn_model}[model_name](keras)
     optimizer = keras.optimizers.SGD(learning_rate=0.05)
     rng = np.random.default_rng(0)
-    x = tf.constant(rng.normal(0, 1, (64, 16)).astype(np.float32))
-    y = tf.constant(rng.normal(0, 1, (64, 1)).astype(np.float32))
+    x = tf.constant(rng.normal(0, 1, shape).astype(np.float32))
+    y = tf.constant(rng.normal(0, 1, (shape[0], 1)).astype(np.float32))
 
     @tf.function
     def train_step(x, y):
@@ -55,4 +70,4 @@ def main(out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -15,7 +15,9 @@ takes in the group of each of its data producers, one at a time, unless the two 
 device, the result would pass `max_fusion_size` compute ops or `max_inputs` inputs, contracting
 the result into one node would close a cycle (a path that leaves the group and comes back to
 it), or the union does not lower (lower.check says why). Every "no" is recorded as
-(node, reason).
+(node, reason). A merge refused for a cycle is tried again once the greedy pass is done, whole
+group with whole group (and with the group of the node the cycle went through), until no such
+merge succeeds: the node on the path may have joined one side since.
 
 With `recomputation_threshold` N > 0, a group that reads a value another group computes takes
 a private copy of the nodes computing it (at most N compute ops) instead (`plan_recomputation`).
