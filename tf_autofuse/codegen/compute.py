@@ -20,8 +20,11 @@ class Refused(Exception):
 
 
 class ComputePlan:
-    def __init__(self, program: ir.Program, blacklist: frozenset, sched: _schedule.Schedule):
+    def __init__(self, program: ir.Program, blacklist: frozenset, sched: _schedule.Schedule,
+                 wide_inputs=frozenset()):
         self.p, self.blacklist, self.schedule = program, blacklist, sched
+        # inputs whose tile arrives in UB already in their compute type (a MatMul's float C block)
+        self.wide_inputs = frozenset(wide_inputs)
         self.split = sched.split
         self.split2 = sched.split2
         self.column = sched.kind == _schedule.COLUMN  # [outer, mid (reduced), inner]: items walk mid
@@ -101,7 +104,9 @@ class ComputePlan:
             # where each value lives: (C++ tensor expression, ctype, slot or None)
             loc: dict = {}
             for k, inp in enumerate(p.inputs):
-                if STORAGE[inp.dtype] == CTYPE[inp.dtype] and self.queued[k]:
+                if k in self.wide_inputs and self.queued[k]:
+                    loc[ir.Ref("in", k)] = (f"x{k}", STORAGE[inp.dtype], None)
+                elif STORAGE[inp.dtype] == CTYPE[inp.dtype] and self.queued[k]:
                     loc[ir.Ref("in", k)] = (f"x{k}", CTYPE[inp.dtype], None)
             # values written straight into their output tensor (the final pass writes the outputs)
             direct = {}

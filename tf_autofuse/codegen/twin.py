@@ -147,12 +147,60 @@ def _wrapper(kernels, acl: bool) -> str:
     for k in kernels:
         lines.append(f'#include "{k.name}_kernel.cpp"')
     for k in kernels:
+        if k.cube is not None:
+            if acl:
+                raise ValueError(f"{k.name}: mix (MatMul) kernels have no ACL launcher")
+            lines.append(f'#include "{k.name}_host.cpp"')
+            lines.append(_cube_harness(k))
+            continue
         if acl:  # the twin launch function must precede the launcher that calls it
             lines.append(f'#include "{k.name}_tiling.h"')
             lines.append(_harness_acl_decl(k))
         lines.append(f'#include "{k.name}_host.cpp"')
         lines.append(_harness(k, acl=False))
     return "\n".join(lines) + "\n"
+
+
+def _cube_harness(k: Kernel) -> str:
+    """`NAME_twin_run(ins, outs, m, core_num, ...)` of a mix kernel: ins are A, B and the
+    epilogue's GM inputs; the vector blocks of the launch (two per AI core) run one after another."""
+    from . import cube as _cube
+
+    n, plan = k.name, k.cube
+    ab = _cube.CUBE_TYPES[plan.matmul.dtype]
+    extent = {_cube.FULL: "m * t.N", _cube.ROW: "t.N", _cube.SCALAR: "1"}
+    roles = [r for r in plan.roles if r != _cube.C]
+    sizes = [f"m * t.K * sizeof({ab})", f"t.K * t.N * sizeof({ab})"]
+    sizes += [f"({extent[r]}) * sizeof({t})" for r, t in zip(roles, k.inputs)]
+    nin, nout = len(sizes), len(k.outputs)
+    reg = "".join(f"  twin::Gm().Add(ins[{i}], {size});\n" for i, size in enumerate(sizes))
+    reg += "".join(f"  twin::Gm().Add(outs[{j}], m * t.N * sizeof({t}));\n" for j, t in enumerate(k.outputs))
+    unreg = "".join(f"  twin::Gm().Remove(ins[{i}]);\n" for i in range(nin))
+    unreg += "".join(f"  twin::Gm().Remove(outs[{j}]);\n" for j in range(nout))
+    gm = ", ".join([f"(GM_ADDR)ins[{i}]" for i in range(nin)] + [f"(GM_ADDR)outs[{j}]" for j in range(nout)])
+    return f"""
+extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t m, uint32_t core_num,
+                            void* tiling_out, char* err, uint32_t err_len) {{
+  {n}_TilingData t;
+  if ({n}_tiling(m, core_num, &t) != 0) {{
+    std::snprintf(err, err_len, "tiling failed");
+    return 1;
+  }}
+  if (tiling_out) std::memcpy(tiling_out, &t, sizeof(t));
+  if (t.blockDim == 0) return 0;
+  std::vector<uint8_t> tiling_gm(sizeof(t));
+  std::memcpy(tiling_gm.data(), &t, sizeof(t));
+  std::vector<uint8_t> workspace(twin::kSysWorkspaceBytes);
+{reg}  twin::Gm().Add(tiling_gm.data(), tiling_gm.size());
+  twin::Gm().Add(workspace.data(), workspace.size());
+  // mix launch: blockDim AI cores, two vector cores each
+  std::string e = twin::RunBlocks(2 * t.blockDim, {n}, {gm}, workspace.data(), tiling_gm.data());
+{unreg}  twin::Gm().Remove(tiling_gm.data());
+  twin::Gm().Remove(workspace.data());
+  std::snprintf(err, err_len, "%s", e.c_str());
+  return e.empty() ? 0 : 2;
+}}
+"""
 
 
 def _harness_acl_decl(k: Kernel) -> str:
@@ -272,6 +320,35 @@ class TwinLibrary:
         if rc != 0:
             raise TwinError(err.value.decode(errors="replace"))
         return self._shaped(kernel, outs, shape), t.as_tiling()
+
+    def run_matmul(self, name: str, a, b, inputs, core_num: int):
+        """(outputs [M, N], CubeTiling) of one run of mix kernel `name`: A and B as the MatMul
+        reads them (transposed when its flags say so), `inputs` the epilogue's GM inputs in
+        order; TwinError on a broken rule."""
+        from . import cube as _cube
+
+        kernel = self.kernels[name]
+        plan = kernel.cube
+        ab = NUMPY[_cube.CUBE_TYPES[plan.matmul.dtype]]
+        a = np.ascontiguousarray(a, dtype=ab)
+        b = np.ascontiguousarray(b, dtype=ab)
+        m = a.shape[1] if plan.matmul.transpose_a else a.shape[0]
+        arrays = [a.reshape(-1), b.reshape(-1)]
+        arrays += [np.ascontiguousarray(x, dtype=NUMPY[c]).reshape(-1) for c, x in zip(kernel.inputs, inputs)]
+        n = plan.matmul.n
+        outs = [np.full(m * n, 0x7B, dtype=NUMPY[c]) for c in kernel.outputs]
+        ins_p = (ctypes.c_void_p * len(arrays))(*[x.ctypes.data for x in arrays])
+        outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
+        t = _ctypes_struct(_cube.CubeTiling)()
+        err = ctypes.create_string_buffer(4096)
+        fn = getattr(self.lib, f"{name}_twin_run")
+        fn.restype = ctypes.c_int
+        rc = fn(ins_p, outs_p, ctypes.c_uint64(m), ctypes.c_uint32(core_num), ctypes.byref(t), err,
+                ctypes.c_uint32(len(err)))
+        if rc != 0:
+            raise TwinError(err.value.decode(errors="replace"))
+        outs = [o.view(np.bool_) if c == "uint8_t" else o for o, c in zip(outs, kernel.outputs)]
+        return [o.reshape(m, n) for o in outs], t.as_tiling()
 
     def launch(self, name: str, inputs, core_num: int = 0, symbol: str = None):
         """Run through the ACL launcher and the stand-in runtime: (outputs, tiling)."""

@@ -1,0 +1,222 @@
+"""The mix kernel of a MatMul and its epilogue (cube.py plans it): the sources.
+
+Each vector core (AIV) owns a singleCoreM x singleCoreN region of C. It registers the Matmul
+object (REGIST_MATMUL_OBJ on the kernel's TPipe and the system workspace), sets its region's A and
+B (SetTail for a region cut by the matrix's edge) and then, for every Iterate (the cube computes
+one baseM x baseN block of C, M first):
+
+    CopyIn   GetTensorC<true> into a VECIN block (float, row stride baseN); [M, N] inputs copied
+             in row by row, per-column vectors copied into every row of their block (DataCopyPad)
+    Compute  the epilogue program over the whole block (compute.py's statements, count baseM x
+             baseN: lanes past a tail block's rows and columns are computed and never written)
+    CopyOut  the block's rows to GM (DataCopyPad, the tail's columns only)
+
+and calls End() (every vector core of the launch does, idle ones too: the cube serves both
+vector cores of its AI core). Queues have one buffer each: a block is large, and UB holds the C
+block beside every input and output block and the scratch.
+"""
+
+from __future__ import annotations
+
+from .. import cube as _cube
+from ..compute import ComputePlan
+from ..kernel import SIZE, Kernel
+from .base import Emitter
+
+
+class MatmulEmitter(Emitter):
+    def __init__(self, name: str, plan: ComputePlan, cube: "_cube.CubePlan"):
+        super().__init__(name, plan)
+        self.cube, self.mm, self.block = cube, cube.matmul, cube.block
+        self.shared_in = self.shared_out = False  # one single-buffered queue per block (cube.MAX_QUEUES)
+        self.in_types = [("float" if r == _cube.C else t) for r, t in zip(cube.roles, plan.in_types)]
+
+    def kernel(self) -> Kernel:
+        plan = self.plan
+        sources = {
+            f"{self.name}_tiling.h": self.tiling_header(),
+            f"{self.name}_kernel.cpp": self.kernel_source(self.in_types, plan.out_types, self.cube.ub),
+            f"{self.name}_host.cpp": self.host_source(self.in_types, plan.out_types, self.cube.ub),
+        }
+        gm_inputs = tuple(t for k, t in enumerate(plan.in_types) if k != self.cube.c_input)
+        return Kernel(self.name, self.p.text, True, "", sources, self.cube.ub, gm_inputs,
+                      tuple(plan.out_types), tuple(plan.half_ops), cube=self.cube)
+
+    def tiling_header(self) -> str:
+        guard = f"{self.name.upper()}_TILING_H_"
+        return (f"// Tiling data of {self.name}: computed on the host, read by the kernel.\n"
+                f"#ifndef {guard}\n#define {guard}\n#include <cstdint>\n\n"
+                f"{_cube.cpp_tiling(self.name, self.block, self.mm.n, self.mm.k)}\n#endif  // {guard}\n")
+
+    # ---- the kernel --------------------------------------------------------------------------
+    def _extent(self, k: int) -> str:
+        return {_cube.FULL: "static_cast<uint64_t>(t.M) * t.N", _cube.ROW: "t.N", _cube.SCALAR: "1"}[self.cube.roles[k]]
+
+    def _gm_inputs(self) -> list:
+        return [k for k in range(len(self.cube.roles)) if k != self.cube.c_input]
+
+    def kernel_source(self, in_types, out_types, ub) -> str:
+        plan, cube, mm, blk = self.plan, self.cube, self.mm, self.block
+        n, c = self.name, cube.c_input
+        ab = _cube.CUBE_TYPES[mm.dtype]
+        program = "".join(f"//   {line}\n" for line in self.p.text.splitlines())
+        gm_params = (["GM_ADDR a", "GM_ADDR b"] + [f"GM_ADDR in{k}" for k in self._gm_inputs()]
+                     + [f"GM_ADDR out{j}" for j in range(len(out_types))])
+        gm_names = ", ".join(p.split()[1] for p in gm_params)
+        members = [f"  Matmul<MatmulType<TPosition::GM, CubeFormat::ND, {ab}, {str(mm.transpose_a).lower()}>,\n"
+                   f"         MatmulType<TPosition::GM, CubeFormat::ND, {ab}, {str(mm.transpose_b).lower()}>,\n"
+                   "         MatmulType<TPosition::VECIN, CubeFormat::ND, float>,\n"
+                   "         MatmulType<TPosition::GM, CubeFormat::ND, float>> mm;",
+                   "  TCubeTiling cube;",
+                   f"  GlobalTensor<{ab}> aGm;", f"  GlobalTensor<{ab}> bGm;"]
+        init = [f"    aGm.SetGlobalBuffer((__gm__ {ab}*)a, static_cast<uint64_t>(t.M) * t.K);",
+                f"    bGm.SetGlobalBuffer((__gm__ {ab}*)b, static_cast<uint64_t>(t.K) * t.N);"]
+        for k, role in enumerate(cube.roles):
+            t = in_types[k]
+            if role != _cube.SCALAR:
+                members.append(f"  TQue<TPosition::VECIN, 1> inQue{k};  // "
+                               + ("the C block" if role == _cube.C else f"in{k}'s block ({role})"))
+                init.append(f"    pipe.InitBuffer(inQue{k}, 1, BLOCK * sizeof({t}));")
+            if role != _cube.C:
+                members.append(f"  GlobalTensor<{t}> in{k}Gm;")
+                init.insert(2, f"    in{k}Gm.SetGlobalBuffer((__gm__ {t}*)in{k}, {self._extent(k)});")
+        for j, t in enumerate(out_types):
+            members += [f"  TQue<TPosition::VECOUT, 1> outQue{j};", f"  GlobalTensor<{t}> out{j}Gm;"]
+            init.insert(2, f"    out{j}Gm.SetGlobalBuffer((__gm__ {t}*)out{j}, static_cast<uint64_t>(t.M) * t.N);")
+            init.append(f"    pipe.InitBuffer(outQue{j}, 1, BLOCK * sizeof({t}));")
+        members += [f"  TBuf<TPosition::VECCALC> calc{s};" for s in range(plan.slots)]
+        init += [f"    pipe.InitBuffer(calc{s}, BLOCK * 4);" for s in range(plan.slots)]
+        if plan.shared_tmp[0]:
+            members.append("  TBuf<TPosition::VECCALC> sharedTmpBuf;  // advanced math temp buffer")
+            init.append(f"    pipe.InitBuffer(sharedTmpBuf, BLOCK * {plan.shared_tmp[0]} + {plan.shared_tmp[1]});")
+        cube_fields = ["usedCoreNum", "M", "N", "singleCoreM", "singleCoreN", "baseM", "baseN", "baseK",
+                       "depthA1", "depthB1", "dbL0A", "dbL0B", "dbL0C", "iterateOrder"]
+        set_cube = "\n".join(f"    cube.{f} = static_cast<int32_t>(t.{f});" for f in cube_fields)
+        copy_in = [f"""\
+    LocalTensor<float> x{c} = inQue{c}.AllocTensor<float>();
+    mm.template GetTensorC<true>(x{c}, 0, true);  // the [baseM, baseN] block, row stride baseN
+    inQue{c}.EnQue(x{c});"""]
+        for k, role in enumerate(cube.roles):
+            if role in (_cube.FULL, _cube.ROW):
+                t = in_types[k]
+                src = f"in{k}Gm[(mOff + r) * N + nOff]" if role == _cube.FULL else f"in{k}Gm[nOff]"
+                copy_in.append(f"""\
+    LocalTensor<{t}> x{k} = inQue{k}.AllocTensor<{t}>();
+    for (uint32_t r = 0; r < rows; ++r) {{
+      LocalTensor<{t}> row = x{k}[r * BASE_N];
+      DataCopyPad(row, {src}, copy{SIZE[t]}, DataCopyPadExtParams<{t}>{{false, 0, 0, static_cast<{t}>(0)}});
+    }}
+    inQue{k}.EnQue(x{k});""")
+        sizes = sorted({SIZE[in_types[k]] for k, r in enumerate(cube.roles) if r in (_cube.FULL, _cube.ROW)}
+                       | set(SIZE[t] for t in out_types))
+        copy_params = "\n".join(f"    DataCopyExtParams copy{s}{{1, cols * {s}, 0, 0, 0}};" for s in sizes)
+        copy_out = "".join(f"""\
+    LocalTensor<{t}> y{j} = outQue{j}.DeQue<{t}>();
+    for (uint32_t r = 0; r < rows; ++r) DataCopyPad(out{j}Gm[(mOff + r) * N + nOff], y{j}[r * BASE_N], copy{SIZE[t]});
+    outQue{j}.FreeTensor(y{j});
+""" for j, t in enumerate(out_types))
+        compute = "\n".join(self.compute_lines(plan.bodies[0], True, in_types, out_types))
+        trans_a = f"{'m0' if mm.transpose_a else 'static_cast<uint64_t>(m0) * t.K'}"
+        trans_b = f"{'static_cast<uint64_t>(n0) * t.K' if mm.transpose_b else 'n0'}"
+        half_note = ("// Computed in half (--autofuse_enhance_precision_blacklist): "
+                     + ", ".join(plan.half_ops) + "\n") if plan.half_ops else ""
+        return f"""\
+// Generated by tf_autofuse.codegen: {mm.describe()} on the cube (Matmul API), the epilogue
+// program on the vector cores, its in{c} being the product:
+{program}// Mix kernel: base block {blk.base_m} x {blk.base_n} x {blk.base_k}. {ub.describe()}
+{half_note}#include "kernel_operator.h"
+#include "lib/matmul_intf.h"
+#include "{n}_tiling.h"
+
+using namespace AscendC;
+
+namespace {n}_impl {{
+constexpr uint32_t BASE_M = {blk.base_m}, BASE_N = {blk.base_n};
+constexpr int32_t BLOCK = BASE_M * BASE_N;  // elements of a C block in UB
+
+class Kernel {{
+ public:
+  __aicore__ inline Kernel() {{}}
+  __aicore__ inline void Init({", ".join(gm_params)}, const {n}_TilingData& t) {{
+{set_cube}
+    cube.Ka = cube.Kb = cube.singleCoreK = static_cast<int32_t>(t.K);
+    cube.stepM = cube.stepN = cube.stepKa = cube.stepKb = 1;
+    cube.isBias = 0;
+    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &cube);
+{chr(10).join(init)}
+    N = t.N;
+    const uint32_t block = GetBlockIdx();
+    active = block < t.usedCoreNum;
+    if (!active) return;
+    m0 = block / t.nCores * t.singleCoreM;
+    n0 = block % t.nCores * t.singleCoreN;
+    tailM = t.M - m0 < t.singleCoreM ? t.M - m0 : t.singleCoreM;
+    tailN = t.N - n0 < t.singleCoreN ? t.N - n0 : t.singleCoreN;
+    if (tailM < t.singleCoreM || tailN < t.singleCoreN) mm.SetTail(tailM, tailN, t.K);
+    mm.SetTensorA(aGm[{trans_a}], {str(mm.transpose_a).lower()});
+    mm.SetTensorB(bGm[{trans_b}], {str(mm.transpose_b).lower()});
+  }}
+  __aicore__ inline void Process() {{
+    if (active) {{
+      const uint32_t mIters = (tailM + BASE_M - 1) / BASE_M;
+      uint32_t i = 0;
+      while (mm.template Iterate<true>()) {{  // iterateOrder 0: M first
+        const uint32_t mOff = m0 + i % mIters * BASE_M, nOff = n0 + i / mIters * BASE_N;
+        const uint32_t rows = m0 + tailM - mOff < BASE_M ? m0 + tailM - mOff : BASE_M;
+        const uint32_t cols = n0 + tailN - nOff < BASE_N ? n0 + tailN - nOff : BASE_N;
+        CopyIn(mOff, nOff, rows, cols);
+        Compute();
+        CopyOut(mOff, nOff, rows, cols);
+        ++i;
+      }}
+    }}
+    mm.End();
+  }}
+
+ private:
+  __aicore__ inline void CopyIn(uint64_t mOff, uint64_t nOff, uint32_t rows, uint32_t cols) {{
+{copy_params}
+{chr(10).join(copy_in)}
+  }}
+  __aicore__ inline void Compute() {{
+    const int32_t cn = BLOCK;
+{compute}
+  }}
+  __aicore__ inline void CopyOut(uint64_t mOff, uint64_t nOff, uint32_t rows, uint32_t cols) {{
+{copy_params}
+{copy_out}  }}
+
+  TPipe pipe;
+{chr(10).join(members)}
+  uint64_t N = 0;
+  uint32_t m0 = 0, n0 = 0, tailM = 0, tailN = 0;
+  bool active = false;
+}};
+
+__aicore__ inline void CopyTiling({n}_TilingData* t, GM_ADDR tiling) {{
+  uint32_t* dst = reinterpret_cast<uint32_t*>(t);
+  __gm__ uint32_t* src = reinterpret_cast<__gm__ uint32_t*>(tiling);
+  for (uint32_t i = 0; i < sizeof({n}_TilingData) / sizeof(uint32_t); ++i) dst[i] = src[i];
+}}
+}}  // namespace {n}_impl
+
+extern "C" __global__ __aicore__ void {n}({", ".join(gm_params)}, GM_ADDR workspace, GM_ADDR tiling) {{
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+  SetSysWorkspace(workspace);
+  if (GetSysWorkSpacePtr() == nullptr) return;
+  {n}_TilingData t;
+  {n}_impl::CopyTiling(&t, tiling);
+  {n}_impl::Kernel op;  // every vector core of the launch registers the Matmul and calls End()
+  op.Init({gm_names}, t);
+  op.Process();
+}}
+"""
+
+    def host_source(self, in_types, out_types, ub) -> str:
+        n = self.name
+        return f"""\
+// Host side of {n}: the tiling function. The ACL launcher of mix kernels (system workspace of
+// {_cube.SYS_WORKSPACE_BYTES} bytes, blockDim AI cores) is not generated: docs/ASCEND.md, "MatMul epilogues".
+#include <cstdint>
+#include "{n}_tiling.h"
+"""
