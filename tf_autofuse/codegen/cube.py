@@ -281,6 +281,9 @@ def plan(mm: MatMul, text: str, c_input: int, blacklist=frozenset()):
         program = ir.load(text)
     except ValueError as err:
         return None, None, f"the epilogue does not parse: {err}"
+    why = schedule.dtype_refusal(program)
+    if why:
+        return None, None, why
     roles, why = _roles(program, c_input, mm)
     if roles is None:
         return None, None, why
