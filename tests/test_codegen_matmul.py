@@ -337,3 +337,23 @@ def test_fused_matmul_of_the_cpu_epilogue_pass_is_planned_with_its_bias_and_acti
     assert len(groups) == 1 and groups[0].spec == cube.MatMul("f32", k=96, n=200)
     assert groups[0].program == "in0: f32[?,200]\nin1: f32[200]\n%0 = Add in0, in1\n%1 = Relu %0\nout0 = %1\n"
     assert groups[0].generate().ok
+
+
+def test_a_convolution_and_its_epilogue_are_refused_with_the_reason(tmp_path):
+    import tensorflow as tf
+
+    from tf_autofuse.rewriter import rewrite
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float16, [2, 8, 8, 3], name="x")
+        w = tf.constant(np.ones((3, 3, 3, 4)), tf.float16)
+        y = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME", name="conv"), tf.ones(4, tf.float16)))
+        tf.identity(y, name="out")
+    result = rewrite(g.as_graph_def(add_shapes=True), preserve=["out"])
+    groups = matmul_groups.find(result.graph_def)
+    assert [(g.matmul, g.spec) for g in groups] == [("conv", None)]
+    kernels = dump.dump_codegen(tmp_path, result.fusions, verify=False, graph_def=result.graph_def)
+    assert "conv stays a framework op: Conv2D: the cube + vector kernel is generated for MatMul only" in (
+        tmp_path / "codegen" / "summary.txt").read_text()
+    assert any(not k.ok and "img2col" in k.reason for k in kernels)

@@ -12,6 +12,8 @@ Two forms reach it:
   activation are written as the epilogue program.
 
 Each is a `MatmulGroup` with the kernel it plans, or the reason the MatMul stays a framework op.
+Convolutions (Conv2D, DepthwiseConv2dNative and their _Fused forms) are groups too, refused with
+the reason: no img2col feeding the Matmul API is generated.
 Running these kernels in a session needs what docs/ASCEND.md lists under "MatMul epilogues"
 (not built): the groups are planned and dumped, the session runs the MatMul and the fused
 kernel apart.
@@ -25,6 +27,10 @@ from typing import Optional
 from . import cube
 from .kernel import Kernel
 
+_CONVOLUTIONS = ("Conv2D", "DepthwiseConv2dNative", "_FusedConv2D", "_FusedDepthwiseConv2dNative")
+_CONV_REASON = ("the cube + vector kernel is generated for MatMul only (a convolution would need "
+                "img2col feeding the Matmul API, not built): the convolution stays a framework op and "
+                "its epilogue is a fused kernel of its own")
 _DTYPES = {1: "f32", 2: "f64", 3: "i32", 6: "i8", 14: "bf16", 19: "f16"}  # TF DataType -> program dtype
 # TensorFlow's fused activations with an IR op of the same meaning (the catalog's names)
 _ACTIVATIONS = {"Relu": "Relu", "Relu6": "Relu6", "Elu": "Elu", "LeakyRelu": "LeakyRelu",
@@ -100,8 +106,16 @@ def find(graph_def, shapes=None) -> list:
                 continue
             # the bias is the _FusedMatMul's third input; the kernel reads it as the epilogue's in1
             groups.append(MatmulGroup(f"{name}_FusedMatMul", name, program, 0, spec))
+        elif node.op in _CONVOLUTIONS and node.op.startswith("_"):
+            groups.append(MatmulGroup(f"{name}_{node.op.lstrip('_')}", name, "", 0, None,
+                                      f"{node.op}: {_CONV_REASON}"))
         elif node.op == "AutofuseKernel":
             for k, (producer, index) in enumerate(view.data_inputs(name)):
+                if producer in view and view.node(producer).op in _CONVOLUTIONS:
+                    text = node.attr["program"].s.decode()
+                    groups.append(MatmulGroup(f"{name}_{producer}", producer, text, k, None,
+                                              f"{view.node(producer).op}: {_CONV_REASON}"))
+                    break
                 if producer not in view or view.node(producer).op != "MatMul" or index != 0:
                     continue
                 text = node.attr["program"].s.decode()
