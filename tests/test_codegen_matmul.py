@@ -178,6 +178,22 @@ def test_plan_keeps_the_cube_and_ub_limits():
         assert kernel.ub.max_tile == blk.elements
 
 
+def test_a_bias_the_cube_takes_is_added_by_set_bias_and_others_by_the_epilogue():
+    def source(dtype, text):
+        kernel = cube.generate_matmul(cube.MatMul(dtype, k=96, n=200), text, 0, "bias_" + dtype)
+        assert kernel.ok, kernel.reason
+        return kernel, kernel.sources[f"bias_{dtype}_kernel.cpp"]
+
+    kernel, src = source("f16", _BIAS_RELU)  # f16 A with a half bias, C float: in the table
+    assert kernel.cube.roles == (cube.C, cube.BIAS) and "mm.SetBias(in1Gm[n0]);" in src
+    assert "cube.isBias = 1;" in src and "Add(" not in src and "inQue1" not in src
+    kernel, src = source("bf16", _BIAS_RELU.replace("f16", "bf16"))  # no bf16 bias on Atlas A2
+    assert kernel.cube.roles == (cube.C, cube.ROW) and "SetBias" not in src and "Add(" in src
+    twice = "in0: f16[?,200]\nin1: f16[200]\n%0 = Add in0, in1\n%1 = Mul %0, in1\nout0 = %1\n"
+    kernel, src = source("f16", twice)  # the bias also read by the epilogue: added there
+    assert kernel.cube.roles == (cube.C, cube.ROW) and "SetBias" not in src
+
+
 # ---- refusals: the MatMul stays a framework op, with the reason ---------------------------------
 
 _BIAS_RELU = "in0: f16[?,200]\nin1: f16[200]\n%0 = Add in0, in1\n%1 = Relu %0\nout0 = %1\n"
@@ -242,7 +258,9 @@ MUTANTS = [
     ("mut_c_unaligned", "mm.template GetTensorC<true>(x0, 0, true);", "mm.template GetTensorC<true>(x0[4], 0, true);",
      "is not 32-byte aligned"),
     ("mut_transpose", "mm.SetTensorB(bGm[n0], false);", "mm.SetTensorB(bGm[n0], true);", "needs ISTRANS"),
-    ("mut_bias_flag", "cube.isBias = 0;", "cube.isBias = 1;", "isBias is 1 but SetBias was not called"),
+    ("mut_no_bias", "mm.SetBias(in1Gm[n0]);", "", "isBias is 1 but SetBias was not called"),
+    ("mut_bias_table", "REGIST_MATMUL_OBJ(", "cube.baseM = 16; cube.baseN = 1024; cube.baseK = 16;\n    REGIST_MATMUL_OBJ(",
+     "exceeds the bias table"),
 ]
 
 

@@ -11,7 +11,9 @@ input `c_input` is the MatMul's [M, N] output. The plan decides, with the reason
   unrounded);
 - the epilogue's inputs, each read as the block: the product, [M, N] inputs (a residual) copied
   row by row, per-column vectors ([N] or [1, N]: a bias, a batch norm's scale and shift) copied
-  into every row of the block, scalars broadcast; no reductions, no per-row vectors;
+  into every row of the block, scalars broadcast; no reductions, no per-row vectors. An Add of
+  the product and a per-column vector that nothing else reads is the cube's bias (SetBias) where
+  the Atlas A2 table takes its type (f16, f32);
 - the base tile: baseM x baseN x baseK within L0A, L0B, L0C and L1 of Atlas A2, and baseM x
   baseN within UB beside the epilogue's buffers (the C block, every input block, every output
   block, the scratch of compute.py);
@@ -44,7 +46,10 @@ BASE_M = (128, 64, 32, 16)
 BASE_K = (256, 128, 64, 32, 16)
 DB_L0 = 2  # L0A and L0B double-buffered; L0C single
 
-C, FULL, ROW, SCALAR = "c", "full", "row", "scalar"
+BIAS_TABLE_BYTES = 1024
+BIAS_TYPES = {"f16": "half", "f32": "float"}  # a bias the cube adds (SetBias): Atlas A2 rows with C float
+
+C, FULL, ROW, SCALAR, BIAS = "c", "full", "row", "scalar", "bias"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +94,13 @@ class CubePlan:
     matmul: MatMul
     block: Block
     c_input: int
-    roles: tuple  # per epilogue input: C, FULL, ROW or SCALAR
+    roles: tuple  # per epilogue input: C, FULL, ROW, SCALAR or BIAS (added by the cube)
     ub: tiling.UbPlan  # bytes per block element, with the block's element count as the tile
+    bias_add: Optional[int] = None  # the epilogue's Add of C and the BIAS input, done by the cube
+
+    @property
+    def bias_type(self) -> Optional[str]:
+        return BIAS_TYPES[self.matmul.dtype] if self.bias_add is not None else None
 
 
 def _u32():
@@ -201,6 +211,8 @@ def _roles(program: ir.Program, c_input: int, mm: MatMul):
     if not 0 <= c_input < len(program.inputs):
         return None, f"the epilogue has no input {c_input} for the MatMul's output"
     c = program.inputs[c_input]
+    if c.dtype != mm.dtype:
+        return None, f"in{c_input} (the MatMul's output) is {c.dtype}, the MatMul's inputs {mm.dtype}"
     if c.view is None or len(c.view) != 2 or c.view[1] != mm.n or (mm.m >= 0 and c.view[0] not in (mm.m, -1)):
         return None, (f"in{c_input} (the MatMul's output) is read as {c.view}, not as the [M, {mm.n}] "
                       "product")
@@ -225,6 +237,31 @@ def _roles(program: ir.Program, c_input: int, mm: MatMul):
     return tuple(roles), ""
 
 
+def _uses(program: ir.Program, ref: ir.Ref) -> list:
+    """Instructions reading `ref` (once an operand), and -1 for each output that is it."""
+    uses = [k for k, inst in enumerate(program.insts) for o in inst.operands if o == ref]
+    return uses + [-1 for out in program.outputs if out.ref == ref]
+
+
+def _bias_add(program: ir.Program, roles, c_input: int, mm: MatMul):
+    """(the Add instruction, its per-column input) when the epilogue adds a per-column vector to
+    the product and nothing else reads either: the cube adds it (SetBias, in L0C), where the
+    Atlas A2 table takes the bias type; else None."""
+    if mm.dtype not in BIAS_TYPES:
+        return None
+    uses = _uses(program, ir.Ref("in", c_input))
+    if len(uses) != 1 or uses[0] < 0 or program.insts[uses[0]].op != "Add":
+        return None
+    k = uses[0]
+    others = [o for o in program.insts[k].operands if o != ir.Ref("in", c_input)]
+    if len(others) != 1 or not isinstance(others[0], ir.Ref) or others[0].kind != "in":
+        return None
+    bias = others[0].index
+    if roles[bias] != ROW or len(_uses(program, others[0])) != 1:
+        return None
+    return k, bias
+
+
 def _epilogue_refusal(program: ir.Program) -> str:
     for k, inst in enumerate(program.insts):
         if inst.op in ir.REDUCTIONS:
@@ -236,9 +273,10 @@ def _epilogue_refusal(program: ir.Program) -> str:
     return ""
 
 
-def _choose_block(mm: MatMul, per_elem: int, fixed: int):
+def _choose_block(mm: MatMul, per_elem: int, fixed: int, bias: int = 0):
     """The largest baseM x baseN (then baseK) that fits UB beside the epilogue and the cube's
-    buffers; (Block, "") or (None, reason)."""
+    buffers (`bias`: bytes of a bias element the cube adds, 0 without); (Block, "") or (None,
+    reason)."""
     size = SIZE[CUBE_TYPES[mm.dtype]]
     n_cap = _ceil(mm.n, 32) * 32
     m_cap = _ceil(mm.m, 16) * 16 if mm.m > 0 else BASE_M[0]
@@ -247,7 +285,7 @@ def _choose_block(mm: MatMul, per_elem: int, fixed: int):
         for base_m in BASE_M:
             if base_n > max(n_cap, BASE_N[-1]) or base_m > max(m_cap, BASE_M[-1]):
                 continue
-            if base_m * base_n * 4 > L0C_BYTES:
+            if base_m * base_n * 4 > L0C_BYTES or base_n * bias > BIAS_TABLE_BYTES:
                 continue
             if base_m * base_n * per_elem + fixed > tiling.UB_BUDGET:
                 continue
@@ -264,7 +302,7 @@ def _choose_block(mm: MatMul, per_elem: int, fixed: int):
         if base_k > k_cap:
             continue
         if (base_m * base_k * size * DB_L0 <= L0A_BYTES and base_n * base_k * size * DB_L0 <= L0B_BYTES
-                and (base_m + base_n) * base_k * size <= L1_BYTES):
+                and (base_m + base_n) * base_k * size + base_n * bias <= L1_BYTES):
             return Block(base_m, base_n, base_k), ""
     return None, f"no baseK fits L0A/L0B for a {base_m} x {base_n} block of {mm.dtype}"
 
@@ -290,19 +328,26 @@ def plan(mm: MatMul, text: str, c_input: int, blacklist=frozenset()):
     why = _epilogue_refusal(program)
     if why:
         return None, None, why
-    queued_in = sum(r != SCALAR for r in roles)
+    queued_in = sum(r not in (SCALAR, BIAS) for r in roles)
     if queued_in > MAX_QUEUES or len(program.outputs) > MAX_QUEUES:
         return None, None, (f"{queued_in} input and {len(program.outputs)} output blocks: a queue "
                             f"position holds at most {MAX_QUEUES} one-buffer queues")
-    patterns = tuple("scalar" if r == SCALAR else "full" for r in roles)
+    bias_add = _bias_add(program, roles, c_input, mm)
+    given = {}
+    if bias_add is not None:
+        roles = tuple(BIAS if k == bias_add[1] else r for k, r in enumerate(roles))
+        given = {bias_add[0]: f"x{c_input}"}  # C + bias: the block GetTensorC fetches
+    # read as the block ("full") or not queued: scalars, and the bias the cube reads from GM
+    patterns = tuple("scalar" if r in (SCALAR, BIAS) else "full" for r in roles)
     sched = schedule.Schedule(schedule.FLAT, patterns=patterns)
     try:
-        compute = ComputePlan(program, frozenset(blacklist), sched, wide_inputs={c_input}).plan()
+        compute = ComputePlan(program, frozenset(blacklist), sched, wide_inputs={c_input},
+                              given=given).plan()
     except Refused as refused:
         return None, None, f"the epilogue cannot run on the vector side: {refused}"
     in_types = [("float" if r == C else CTYPE[program.inputs[k].dtype]) for k, r in enumerate(roles)]
     buffers = [(f"in{k} block ({'C' if r == C else r})", SIZE[in_types[k]], 1)
-               for k, r in enumerate(roles) if r != SCALAR]
+               for k, r in enumerate(roles) if r not in (SCALAR, BIAS)]
     buffers += [(f"out{j} block", SIZE[t], 1) for j, t in enumerate(compute.out_types)]
     buffers += [(f"scratch{s}", 4, 1) for s in range(compute.slots)]
     if compute.shared_tmp[0]:
@@ -311,13 +356,14 @@ def plan(mm: MatMul, text: str, c_input: int, blacklist=frozenset()):
     if count > 64:
         return None, None, f"needs {count} UB buffers, one TPipe manages at most 64"
     per_elem = sum(size * n for _, size, n in buffers)
-    block, why = _choose_block(mm, per_elem, compute.shared_tmp[1])
+    bias_bytes = SIZE[BIAS_TYPES[mm.dtype]] if bias_add is not None else 0
+    block, why = _choose_block(mm, per_elem, compute.shared_tmp[1], bias_bytes)
     if block is None:
         return None, None, why
     ub = tiling.UbPlan(tuple(buffers) + ((("fixed (advanced math)", compute.shared_tmp[1], 0),)
                                          if compute.shared_tmp[1] else ()),
                        per_elem, block.elements, compute.shared_tmp[1])
-    return CubePlan(mm, block, c_input, roles, ub), compute, ""
+    return CubePlan(mm, block, c_input, roles, ub, bias_add[0] if bias_add else None), compute, ""
 
 
 def generate_matmul(mm: MatMul, text: str, c_input: int, name: str = "autofuse_matmul_0",

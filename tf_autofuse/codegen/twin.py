@@ -168,7 +168,7 @@ def _cube_harness(k: Kernel) -> str:
 
     n, plan = k.name, k.cube
     ab = _cube.CUBE_TYPES[plan.matmul.dtype]
-    extent = {_cube.FULL: "m * t.N", _cube.ROW: "t.N", _cube.SCALAR: "1"}
+    extent = {_cube.FULL: "m * t.N", _cube.ROW: "t.N", _cube.BIAS: "t.N", _cube.SCALAR: "1"}
     roles = [r for r in plan.roles if r != _cube.C]
     sizes = [f"m * t.K * sizeof({ab})", f"t.K * t.N * sizeof({ab})"]
     sizes += [f"({extent[r]}) * sizeof({t})" for r, t in zip(roles, k.inputs)]

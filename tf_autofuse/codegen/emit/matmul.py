@@ -50,7 +50,8 @@ class MatmulEmitter(Emitter):
 
     # ---- the kernel --------------------------------------------------------------------------
     def _extent(self, k: int) -> str:
-        return {_cube.FULL: "static_cast<uint64_t>(t.M) * t.N", _cube.ROW: "t.N", _cube.SCALAR: "1"}[self.cube.roles[k]]
+        return {_cube.FULL: "static_cast<uint64_t>(t.M) * t.N", _cube.ROW: "t.N", _cube.BIAS: "t.N",
+                _cube.SCALAR: "1"}[self.cube.roles[k]]
 
     def _gm_inputs(self) -> list:
         return [k for k in range(len(self.cube.roles)) if k != self.cube.c_input]
@@ -66,14 +67,14 @@ class MatmulEmitter(Emitter):
         members = [f"  Matmul<MatmulType<TPosition::GM, CubeFormat::ND, {ab}, {str(mm.transpose_a).lower()}>,\n"
                    f"         MatmulType<TPosition::GM, CubeFormat::ND, {ab}, {str(mm.transpose_b).lower()}>,\n"
                    "         MatmulType<TPosition::VECIN, CubeFormat::ND, float>,\n"
-                   "         MatmulType<TPosition::GM, CubeFormat::ND, float>> mm;",
+                   f"         MatmulType<TPosition::GM, CubeFormat::ND, {cube.bias_type or 'float'}>> mm;",
                    "  TCubeTiling cube;",
                    f"  GlobalTensor<{ab}> aGm;", f"  GlobalTensor<{ab}> bGm;"]
         init = [f"    aGm.SetGlobalBuffer((__gm__ {ab}*)a, static_cast<uint64_t>(t.M) * t.K);",
                 f"    bGm.SetGlobalBuffer((__gm__ {ab}*)b, static_cast<uint64_t>(t.K) * t.N);"]
         for k, role in enumerate(cube.roles):
             t = in_types[k]
-            if role != _cube.SCALAR:
+            if role not in (_cube.SCALAR, _cube.BIAS):
                 members.append(f"  TQue<TPosition::VECIN, 1> inQue{k};  // "
                                + ("the C block" if role == _cube.C else f"in{k}'s block ({role})"))
                 init.append(f"    pipe.InitBuffer(inQue{k}, 1, BLOCK * sizeof({t}));")
@@ -94,7 +95,7 @@ class MatmulEmitter(Emitter):
         set_cube = "\n".join(f"    cube.{f} = static_cast<int32_t>(t.{f});" for f in cube_fields)
         copy_in = [f"""\
     LocalTensor<float> x{c} = inQue{c}.AllocTensor<float>();
-    mm.template GetTensorC<true>(x{c}, 0, true);  // the [baseM, baseN] block, row stride baseN
+    mm.template GetTensorC<true>(x{c}, 0, true);  // the [baseM, baseN] block, row stride baseN{' (with the bias)' if cube.bias_add is not None else ''}
     inQue{c}.EnQue(x{c});"""]
         for k, role in enumerate(cube.roles):
             if role in (_cube.FULL, _cube.ROW):
@@ -118,6 +119,11 @@ class MatmulEmitter(Emitter):
         compute = "\n".join(self.compute_lines(plan.bodies[0], True, in_types, out_types))
         trans_a = f"{'m0' if mm.transpose_a else 'static_cast<uint64_t>(m0) * t.K'}"
         trans_b = f"{'static_cast<uint64_t>(n0) * t.K' if mm.transpose_b else 'n0'}"
+        set_bias = ""
+        if cube.bias_add is not None:
+            b = cube.roles.index(_cube.BIAS)
+            set_bias = (f"\n    mm.SetBias(in{b}Gm[n0]);  // %{cube.bias_add} = Add of the product and in{b}: "
+                        "added by the cube")
         half_note = ("// Computed in half (--autofuse_enhance_precision_blacklist): "
                      + ", ".join(plan.half_ops) + "\n") if plan.half_ops else ""
         return f"""\
@@ -141,7 +147,7 @@ class Kernel {{
 {set_cube}
     cube.Ka = cube.Kb = cube.singleCoreK = static_cast<int32_t>(t.K);
     cube.stepM = cube.stepN = cube.stepKa = cube.stepKb = 1;
-    cube.isBias = 0;
+    cube.isBias = {int(cube.bias_add is not None)};
     REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &cube);
 {chr(10).join(init)}
     N = t.N;
@@ -154,7 +160,7 @@ class Kernel {{
     tailN = t.N - n0 < t.singleCoreN ? t.N - n0 : t.singleCoreN;
     if (tailM < t.singleCoreM || tailN < t.singleCoreN) mm.SetTail(tailM, tailN, t.K);
     mm.SetTensorA(aGm[{trans_a}], {str(mm.transpose_a).lower()});
-    mm.SetTensorB(bGm[{trans_b}], {str(mm.transpose_b).lower()});
+    mm.SetTensorB(bGm[{trans_b}], {str(mm.transpose_b).lower()});{set_bias}
   }}
   __aicore__ inline void Process() {{
     if (active) {{
