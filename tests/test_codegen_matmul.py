@@ -239,7 +239,8 @@ def _mutant(name: str, old: str, new: str):
     return kernel
 
 
-# (name, the change, the twin's error)
+_GET = "mm.template GetTensorC<true>(x0, 0, true);"
+# (name, the text changed, its replacement, the twin's error)
 MUTANTS = [
     ("mut_aiv_only", "KERNEL_TYPE_MIX_AIC_1_2", "KERNEL_TYPE_AIV_ONLY", "declare the kernel"),
     ("mut_workspace", "SetSysWorkspace(workspace);", "SetSysWorkspace(tiling);", "no system workspace"),
@@ -248,19 +249,15 @@ MUTANTS = [
     ("mut_depth", "cube.stepM = cube.stepN", "cube.depthA1 = 3;\n    cube.stepM = cube.stepN",
      "depthA1 must be stepM \\* stepKa"),
     ("mut_cores", "REGIST_MATMUL_OBJ(", "cube.usedCoreNum = 1000;\n    REGIST_MATMUL_OBJ(", "usedCoreNum 1000"),
-    ("mut_no_get", "mm.template GetTensorC<true>(x0, 0, true);", "", "not fetched"),
-    ("mut_get_twice", "mm.template GetTensorC<true>(x0, 0, true);",
-     "mm.template GetTensorC<true>(x0, 0, true);\n    mm.template GetTensorC<true>(x0, 0, true);",
-     "GetTensorC without an Iterate"),
+    ("mut_no_get", _GET, "", "not fetched"),
+    ("mut_get_twice", _GET, _GET + "\n    " + _GET, "GetTensorC without an Iterate"),
     ("mut_no_end", "mm.End();", "", "missing End\\(\\)"),
-    ("mut_c_calc", "mm.template GetTensorC<true>(x0, 0, true);", "mm.template GetTensorC<true>(calc0.Get<float>(), 0, true);",
-     "C goes to a VECIN queue tensor"),
-    ("mut_c_unaligned", "mm.template GetTensorC<true>(x0, 0, true);", "mm.template GetTensorC<true>(x0[4], 0, true);",
-     "is not 32-byte aligned"),
+    ("mut_c_calc", _GET, _GET.replace("(x0,", "(calc0.Get<float>(),"), "C goes to a VECIN queue tensor"),
+    ("mut_c_unaligned", _GET, _GET.replace("(x0,", "(x0[4],"), "is not 32-byte aligned"),
     ("mut_transpose", "mm.SetTensorB(bGm[n0], false);", "mm.SetTensorB(bGm[n0], true);", "needs ISTRANS"),
     ("mut_no_bias", "mm.SetBias(in1Gm[n0]);", "", "isBias is 1 but SetBias was not called"),
-    ("mut_bias_table", "REGIST_MATMUL_OBJ(", "cube.baseM = 16; cube.baseN = 1024; cube.baseK = 16;\n    REGIST_MATMUL_OBJ(",
-     "exceeds the bias table"),
+    ("mut_bias_table", "REGIST_MATMUL_OBJ(",
+     "cube.baseM = 16; cube.baseN = 1024; cube.baseK = 16;\n    REGIST_MATMUL_OBJ(", "exceeds the bias table"),
 ]
 
 

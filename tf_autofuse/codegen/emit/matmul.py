@@ -93,9 +93,10 @@ class MatmulEmitter(Emitter):
         cube_fields = ["usedCoreNum", "M", "N", "singleCoreM", "singleCoreN", "baseM", "baseN", "baseK",
                        "depthA1", "depthB1", "dbL0A", "dbL0B", "dbL0C", "iterateOrder"]
         set_cube = "\n".join(f"    cube.{f} = static_cast<int32_t>(t.{f});" for f in cube_fields)
+        with_bias = " (with the bias)" if cube.bias_add is not None else ""
         copy_in = [f"""\
     LocalTensor<float> x{c} = inQue{c}.AllocTensor<float>();
-    mm.template GetTensorC<true>(x{c}, 0, true);  // the [baseM, baseN] block, row stride baseN{' (with the bias)' if cube.bias_add is not None else ''}
+    mm.template GetTensorC<true>(x{c}, 0, true);  // the [baseM, baseN] block, row stride baseN{with_bias}
     inQue{c}.EnQue(x{c});"""]
         for k, role in enumerate(cube.roles):
             if role in (_cube.FULL, _cube.ROW):

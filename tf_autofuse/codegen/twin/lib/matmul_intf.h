@@ -1,11 +1,12 @@
 // CPU twin of the subset of the Ascend C Matmul high-level API that tf_autofuse's cube kernels
 // emit (docs/ASCEND.md, "MatMul epilogues"): `Matmul<MatmulType<...> x4>`, REGIST_MATMUL_OBJ,
-// SetTail, SetTensorA/B (with the transpose flags), SetBias, Iterate<true>, GetTensorC<true> into a VECIN
-// tensor with sequential write, End; SetSysWorkspace / GetSysWorkSpacePtr.
+// SetTail, SetTensorA/B (with the transpose flags), SetBias, Iterate<true>, GetTensorC<true> into
+// a VECIN tensor with sequential write, End; SetSysWorkspace / GetSysWorkSpacePtr.
 //
 // A kernel runs here on the vector blocks (AIV) only: the cube's work (AIC) is computed inside
-// Iterate, in float with the products summed in K order onto the bias (SetBias) or 0. What the twin holds the code to, each an
-// error naming the rule (twin::Fail) or, for dtypes, a compile error:
+// Iterate, in float with the products summed in K order onto the bias (SetBias) or 0. What the
+// twin holds the code to, each an error naming the rule (twin::Fail) or, for dtypes, a compile
+// error:
 //   - the dtype combinations of the Atlas A2 table (A, B, Bias, C; static_assert), C in VECIN as
 //     ND, A and B in GM;
 //   - the kernel is a mix kernel (KERNEL_TYPE_MIX_AIC_1_2) and has a system workspace of the
