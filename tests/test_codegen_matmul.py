@@ -372,3 +372,30 @@ def test_a_convolution_and_its_epilogue_are_refused_with_the_reason(tmp_path):
     assert "conv stays a framework op: Conv2D: the cube + vector kernel is generated for MatMul only" in (
         tmp_path / "codegen" / "summary.txt").read_text()
     assert any(not k.ok and "img2col" in k.reason for k in kernels)
+
+
+def test_a_session_debug_dump_shows_the_matmul_epilogue_kernel(tmp_path):
+    """A v1 Session with the named optimizer and --codegen_compile_debug: the session's numbers
+    are unchanged (the MatMul and its epilogue run as today) and the dump holds the mix kernel."""
+    import tensorflow as tf
+
+    from sessions import config
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float16, [64, 96], name="x")
+        w = tf.constant(np.random.default_rng(0).uniform(-1, 1, (96, 200)), tf.float16)
+        b = tf.constant(np.random.default_rng(1).uniform(-1, 1, 200), tf.float16)
+        y = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w, name="dense"), b))
+    feed = np.random.default_rng(2).uniform(-1, 1, (64, 96)).astype(np.float16)
+    params = {"codegen_compile_debug": "true", "debug_dir": str(tmp_path)}
+    # Grappler's remapper would make the chain a _FusedMatMul before the pass sees it
+    with tf.compat.v1.Session(graph=g, config=config(params=params, remapping=False)) as sess:
+        got = sess.run(y, {x: feed})
+    with tf.compat.v1.Session(graph=g, config=config(fuse=False, remapping=False)) as sess:
+        want = sess.run(y, {x: feed})
+    np.testing.assert_array_equal(got, want)
+    summary = (tmp_path / "codegen" / "summary.txt").read_text()
+    assert "mix kernel of dense and its epilogue" in summary, summary
+    kernel = next(p for p in (tmp_path / "codegen").glob("*dense*") if p.is_dir())
+    assert "REGIST_MATMUL_OBJ" in next(kernel.glob("*_kernel.cpp")).read_text()
