@@ -132,6 +132,7 @@ class MatmulEmitter(Emitter):
 // program on the vector cores, its in{c} being the product:
 {program}// Mix kernel: base block {blk.base_m} x {blk.base_n} x {blk.base_k}. {ub.describe()}
 {half_note}#include "kernel_operator.h"
+#include "kernel_tiling/kernel_tiling.h"
 #include "lib/matmul_intf.h"
 #include "{n}_tiling.h"
 

@@ -1,12 +1,16 @@
 // CPU twin of the tiling header a CANN build generates (kernel_tiling/kernel_tiling.h): the
 // Matmul API's TCubeTiling, every field an int32_t, in the order of the API's definition
-// (asc-devkit include/adv_api/matmul/matmul_tilingdata.h). Generated kernels fill the fields by
-// name, so the order only matters to a kernel that copies the struct whole (ours do not).
+// (asc-devkit include/adv_api/matmul/matmul_tilingdata.h), in namespace AscendC::tiling and
+// exported to the global namespace as the generated header does for its legacy structs.
+// Generated kernels fill the fields by name, so the order only matters to a kernel that copies
+// the struct whole (ours do not).
 #ifndef TF_AUTOFUSE_TWIN_KERNEL_TILING_H_
 #define TF_AUTOFUSE_TWIN_KERNEL_TILING_H_
 
 #include <cstdint>
 
+namespace AscendC {
+namespace tiling {
 struct TCubeTiling {
   int32_t usedCoreNum = 0;
   int32_t M = 0, N = 0, Ka = 0, Kb = 0;
@@ -28,5 +32,8 @@ struct TCubeTiling {
   int32_t BatchNum = 0;
   int32_t mxTypePara = 0;
 };
+}  // namespace tiling
+}  // namespace AscendC
+using AscendC::tiling::TCubeTiling;
 
 #endif  // TF_AUTOFUSE_TWIN_KERNEL_TILING_H_
