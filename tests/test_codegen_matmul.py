@@ -21,7 +21,7 @@ import pytest
 
 from test_codegen import as_float, from_bf16, store
 from tf_autofuse.codegen import build as _build
-from tf_autofuse.codegen import cube, dump, matmul_groups, twin
+from tf_autofuse.codegen import cube, dump, generate, matmul_groups, twin
 
 _NP = {"f16": np.float16, "f32": np.float32}
 
@@ -399,3 +399,53 @@ def test_a_session_debug_dump_shows_the_matmul_epilogue_kernel(tmp_path):
     assert "mix kernel of dense and its epilogue" in summary, summary
     kernel = next(p for p in (tmp_path / "codegen").glob("*dense*") if p.is_dir())
     assert "REGIST_MATMUL_OBJ" in next(kernel.glob("*_kernel.cpp")).read_text()
+
+
+# ---- every elementwise op of the table in the epilogue: the flat schedule's code, bit for bit -----
+
+def _float_ops():
+    from tf_autofuse.rewriter import catalog
+    from tf_autofuse.rewriter.program import DTYPE_NAMES
+
+    ops = []
+    for spec in catalog.OPS:
+        if spec.kind not in (catalog.ELEMENTWISE, catalog.BROADCAST) or spec.ir_name == "Cast":
+            continue
+        roles = spec.operand_roles()
+        if any(r == "bool" for r in roles) or "f32" not in {DTYPE_NAMES[d] for d in spec.dtypes}:
+            continue
+        ops.append(spec)
+    return ops
+
+
+def _op_epilogue(spec, n):
+    """The op over the product (and an [M, N] second operand: not a bias the cube would add)."""
+    attrs = " alpha=0.2" if spec.ir_name == "LeakyRelu" else ""
+    decl = "".join(f"in{k}: f32[?,{n}]\n" for k in range(spec.arity))
+    return f"{decl}%0 = {spec.ir_name} {', '.join(f'in{k}' for k in range(spec.arity))}{attrs}\nout0 = %0\n"
+
+
+def test_every_elementwise_op_in_the_epilogue_is_the_flat_schedules_code_bit_for_bit():
+    """Each float op of the op table as the epilogue of an f32 MatMul (64 x 100, K = 40: a tail in
+    N) equals, bit for bit, the flat kernel of the same program run on the product the mix kernel
+    fetches (read back through an exact epilogue, Mul by 1)."""
+    mm = cube.MatMul("f32", k=40, n=100)
+    specs = _float_ops()
+    assert len(specs) >= 40
+    identity = cube.generate_matmul(mm, "in0: f32[?,100]\n%0 = Mul in0, 1.0\nout0 = %0\n", 0, "mm_identity")
+    mix = {s.ir_name: cube.generate_matmul(mm, _op_epilogue(s, 100), 0, f"mm_op_{s.ir_name}") for s in specs}
+    assert all(k.ok for k in mix.values()), {op: k.reason for op, k in mix.items() if not k.ok}
+    flat = {s.ir_name: generate(_op_epilogue(s, 100).replace("[?,100]", "[?]"), f"flat_op_{s.ir_name}")
+            for s in specs}
+    lib = twin.build([identity, *mix.values(), *flat.values()])
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-1.5, 1.5, (64, 40)).astype(np.float32)
+    b = rng.uniform(-1.5, 1.5, (40, 100)).astype(np.float32)
+    second = rng.uniform(0.25, 2.0, (64, 100)).astype(np.float32)
+    (product,), _ = lib.run_matmul("mm_identity", a, b, [], 3)
+    np.testing.assert_allclose(product, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+    for spec in specs:
+        extra = [second] if spec.arity == 2 else []
+        (got,), _ = lib.run_matmul(mix[spec.ir_name].name, a, b, extra, 3)
+        (want,), _ = lib.run(flat[spec.ir_name].name, [product.reshape(-1), *(x.reshape(-1) for x in extra)], 4)
+        np.testing.assert_array_equal(got.reshape(-1), want, err_msg=spec.ir_name)
