@@ -449,3 +449,26 @@ def test_every_elementwise_op_in_the_epilogue_is_the_flat_schedules_code_bit_for
         (got,), _ = lib.run_matmul(mix[spec.ir_name].name, a, b, extra, 3)
         (want,), _ = lib.run(flat[spec.ir_name].name, [product.reshape(-1), *(x.reshape(-1) for x in extra)], 4)
         np.testing.assert_array_equal(got.reshape(-1), want, err_msg=spec.ir_name)
+
+
+# ---- the mix kernel's ACL launcher against the stand-in runtime ----------------------------------
+
+@pytest.mark.parametrize("route", [8, 9])
+def test_launch_through_the_stand_in_acl_runtime(route, tmp_path, monkeypatch):
+    """The launcher of each CANN generation allocates A, B, the epilogue's inputs, the outputs,
+    the Matmul API's system workspace and the tiling on the device, launches blockDim AI cores
+    (the stand-in runs two vector blocks each) and copies the [M, N] outputs back: the numbers of
+    the twin's own run."""
+    log = tmp_path / "acl.log"
+    monkeypatch.setenv("TWIN_ACL_LOG", str(log))
+    case = CASES["mm_bn_tanh_res_f32"]
+    kernel = cube.generate_matmul(case.mm, case.program, 0, f"{case.name}_r{route}")
+    lib = twin.build([kernel], acl=True, route=route)
+    stored, _ = _operands(case, case.m, np.random.default_rng(5))
+    want, t_run = lib.run_matmul(kernel.name, stored[0], stored[1], stored[2:], 8)
+    got, t = lib.launch_matmul(kernel.name, stored[0], stored[1], stored[2:], 8)
+    assert t == t_run and t.blockDim == -(-t.usedCoreNum // 2)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert log.read_text().splitlines()[-1] == f"run blockDim={t.blockDim} ok"
+    with pytest.raises(twin.TwinError, match="an input does not have the element count"):
+        lib.launch_matmul(kernel.name, stored[0][:-1], stored[1], stored[2:], 8)

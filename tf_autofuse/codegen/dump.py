@@ -8,9 +8,9 @@ g++ command and the CANN commands), twin_build.log (the twin compile of the kern
 that the source compiles against the emulated API) and, where CANN is installed, cann_build.log.
 A kernel that cannot be generated gets refused.txt with the reason. Given the fused graph, each
 MatMul with its epilogue (matmul_groups.py) gets a directory too, named after the fused node and
-the MatMul: program.txt (the epilogue), matmul.txt, the mix kernel's sources, ub_plan.txt and
-tiling.txt (example M on 1, 8, 40 and 48 cores) and twin_build.log, or refused.txt with the reason
-the MatMul stays a framework op; summary.txt lists every kernel. Nothing here raises: a dump that
+the MatMul: program.txt (the epilogue), matmul.txt, the mix kernel's files as above, with
+ub_plan.txt for the block and tiling.txt for example M, or refused.txt with the reason the MatMul
+stays a framework op; summary.txt lists every kernel. Nothing here raises: a dump that
 fails is a warning.
 """
 
@@ -101,11 +101,17 @@ def dump_kernel(root: Path, name: str, program: str, verify: bool = True, enviro
     if not kernel.ok:
         (out / "refused.txt").write_text(kernel.reason + "\n")
         return kernel
+    (out / "ub_plan.txt").write_text(kernel.ub.describe() + "\n")
+    (out / "tiling.txt").write_text(_tiling_text(kernel))
+    _write_build(out, kernel, verify, environ)
+    return kernel
+
+
+def _write_build(out: Path, kernel: Kernel, verify: bool, environ) -> None:
+    """The sources, what builds them with CANN, the twin compile and, with CANN, its build."""
     for file_name, text in kernel.sources.items():
         (out / file_name).write_text(text)
     shutil.copy(_build.HOST_DIR / "autofuse_launch.h", out / "autofuse_launch.h")
-    (out / "ub_plan.txt").write_text(kernel.ub.describe() + "\n")
-    (out / "tiling.txt").write_text(_tiling_text(kernel))
     cann, why = _cann.detect(environ)
     target = cann or _cann.Cann(Path("${ASCEND_HOME_PATH}"), Path("bisheng"),
                                 Path("${ASCEND_HOME_PATH}/lib64/libascendcl.so"), "cmake")
@@ -131,7 +137,6 @@ def dump_kernel(root: Path, name: str, program: str, verify: bool = True, enviro
             shutil.copy(path.parent / "build.log", out / "cann_build.log")
         except _build.CodegenBuildError as err:
             (out / "cann_build.log").write_text(str(err) + "\n")
-    return kernel
 
 
 def _cube_tiling_text(kernel: Kernel) -> str:
@@ -146,7 +151,7 @@ def _cube_tiling_text(kernel: Kernel) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dump_matmul_group(root: Path, group, verify: bool = True, blacklist=None) -> Kernel:
+def dump_matmul_group(root: Path, group, verify: bool = True, blacklist=None, environ=None) -> Kernel:
     """One MatMul and its epilogue (matmul_groups.MatmulGroup): the mix kernel's sources, or
     refused.txt with the reason the MatMul stays a framework op."""
     kernel = group.generate(blacklist)
@@ -158,16 +163,9 @@ def dump_matmul_group(root: Path, group, verify: bool = True, blacklist=None) ->
     if not kernel.ok:
         (out / "refused.txt").write_text(f"{group.matmul} stays a framework op: {kernel.reason}\n")
         return kernel
-    for file_name, text in kernel.sources.items():
-        (out / file_name).write_text(text)
     (out / "ub_plan.txt").write_text(f"block {kernel.ub.max_tile} elements: {kernel.ub.describe()}\n")
     (out / "tiling.txt").write_text(_cube_tiling_text(kernel))
-    if verify:
-        try:
-            lib = twin.build([kernel])
-            shutil.copy(lib.path.parent / "build.log", out / "twin_build.log")
-        except _build.CodegenBuildError as err:
-            (out / "twin_build.log").write_text(str(err) + "\n")
+    _write_build(out, kernel, verify, environ)
     return kernel
 
 
@@ -193,7 +191,7 @@ def dump_codegen(debug_dir, fusions: Iterable, verify: bool = True, environ=None
             found = []
         for group in found:
             try:
-                groups.append((group, dump_matmul_group(root, group, verify)))
+                groups.append((group, dump_matmul_group(root, group, verify, environ=environ)))
             except OSError as err:
                 warn_once(f"cannot write the codegen dump into {root}: {err}")
                 break
