@@ -195,6 +195,8 @@ def dump_codegen(debug_dir, fusions: Iterable, verify: bool = True, environ=None
             except OSError as err:
                 warn_once(f"cannot write the codegen dump into {root}: {err}")
                 break
+            except Exception as err:  # noqa: BLE001 - a dump never breaks the pass: a bug, said once
+                warn_once(f"the Ascend dump of {group.matmul} and its epilogue failed (a bug): {err!r}")
     lines = [f"{k.name}: {'generated' if k.ok else 'CPU only: ' + k.reason}" for k in kernels]
     lines += [f"{k.name}: mix kernel of {g.matmul} and its epilogue" if k.ok
               else f"{k.name}: {g.matmul} stays a framework op: {k.reason}" for g, k in groups]
