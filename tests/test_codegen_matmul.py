@@ -68,6 +68,12 @@ def _cases():
              "out0 = %2\nout1 = %0\n",
              ("scalar",), lambda c, s: [c * s / (1 + np.exp(-c * s)), c * s],
              lambda c, s: [c * s * tf.sigmoid(c * s), c * s], ("bf16", "bf16"), 257),
+        # a small product with a long K (several baseK steps), N smaller than a block row, a
+        # residual and a scalar, f16, M known
+        Case("mm_small_f16", cube.MatMul("f16", k=300, n=10, m=5),
+             "in0: f16[5,10]\nin1: f16[5,10]\nin2: f16[]\n%0 = Sub in0, in1\n%1 = Maximum %0, in2\nout0 = %1\n",
+             ("full", "scalar"), lambda c, r, s: [np.maximum(c - r, s)],
+             lambda c, r, s: [tf.maximum(c - r, s)], ("f16",), 5),
         # GELU through Erf (the advanced-math temp buffer in UB beside the block), f32
         Case("mm_gelu_f32", cube.MatMul("f32", k=64, n=300),
              "in0: f32[?,300]\nin1: f32[300]\n%0 = Add in0, in1\n%1 = Mul %0, 0.7071067811865476\n"
