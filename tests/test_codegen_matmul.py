@@ -236,25 +236,31 @@ def test_an_epilogue_too_large_for_ub_is_refused_with_the_bytes():
 
 # ---- the twin holds generated code to the Matmul API's rules --------------------------------------
 
-def _mutant(name: str, old: str, new: str):
+def _mutant(name: str, old: str, new: str, *more):
+    """The bias + Relu kernel with `old` replaced by `new` (and each further (old, new) pair)."""
     case = CASES["mm_bias_relu_f16"]
     kernel = cube.generate_matmul(case.mm, case.program, 0, name)
     src = kernel.sources[f"{name}_kernel.cpp"]
-    assert old in src, old
-    kernel.sources[f"{name}_kernel.cpp"] = src.replace(old, new, 1)
+    for o, n in ((old, new), *more):
+        assert o in src, o
+        src = src.replace(o, n, 1)
+    kernel.sources[f"{name}_kernel.cpp"] = src
     return kernel
 
 
 _GET = "mm.template GetTensorC<true>(x0, 0, true);"
-# (name, the text changed, its replacement, the twin's error)
+_BIAS = "    cube.isBias = 1;"  # the last field SetCubeTiling sets
+_REGIST = "  REGIST_MATMUL_OBJ(&op.pipe, GetSysWorkSpacePtr(), op.mm, &op.cube);\n"
+# (name, the text changed, its replacement, the twin's error[, further (text, replacement)])
 MUTANTS = [
     ("mut_aiv_only", "KERNEL_TYPE_MIX_AIC_1_2", "KERNEL_TYPE_AIV_ONLY", "declare the kernel"),
+    ("mut_regist_in_init", _REGIST, "", "the client REGIST_MATMUL_OBJ declared is gone",
+     ("    N = t.N;", "    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &cube);\n    N = t.N;")),
     ("mut_workspace", "SetSysWorkspace(workspace);", "SetSysWorkspace(tiling);", "no system workspace"),
-    ("mut_l0c", "REGIST_MATMUL_OBJ(", "cube.baseM = cube.baseN = 256; cube.baseK = 16;\n    REGIST_MATMUL_OBJ(",
-     "exceeds L0C"),
+    ("mut_l0c", _BIAS, _BIAS + "\n    cube.baseM = cube.baseN = 256; cube.baseK = 16;", "exceeds L0C"),
     ("mut_depth", "cube.stepM = cube.stepN", "cube.depthA1 = 3;\n    cube.stepM = cube.stepN",
      "depthA1 must be stepM \\* stepKa"),
-    ("mut_cores", "REGIST_MATMUL_OBJ(", "cube.usedCoreNum = 1000;\n    REGIST_MATMUL_OBJ(", "usedCoreNum 1000"),
+    ("mut_cores", _BIAS, _BIAS + "\n    cube.usedCoreNum = 1000;", "usedCoreNum 1000"),
     ("mut_no_get", _GET, "", "not fetched"),
     ("mut_get_twice", _GET, _GET + "\n    " + _GET, "GetTensorC without an Iterate"),
     ("mut_no_end", "mm.End();", "", "missing End\\(\\)"),
@@ -262,14 +268,14 @@ MUTANTS = [
     ("mut_c_unaligned", _GET, _GET.replace("(x0,", "(x0[4],"), "is not 32-byte aligned"),
     ("mut_transpose", "mm.SetTensorB(bGm[n0], false);", "mm.SetTensorB(bGm[n0], true);", "needs ISTRANS"),
     ("mut_no_bias", "mm.SetBias(in1Gm[n0]);", "", "isBias is 1 but SetBias was not called"),
-    ("mut_bias_table", "REGIST_MATMUL_OBJ(",
-     "cube.baseM = 16; cube.baseN = 1024; cube.baseK = 16;\n    REGIST_MATMUL_OBJ(", "exceeds the bias table"),
+    ("mut_bias_table", _BIAS, _BIAS + "\n    cube.baseM = 16; cube.baseN = 1024; cube.baseK = 16;",
+     "exceeds the bias table"),
 ]
 
 
 @pytest.fixture(scope="module")
 def mutants():
-    return twin.build([_mutant(name, old, new) for name, old, new, _ in MUTANTS])
+    return twin.build([_mutant(name, old, new, *more) for name, old, new, _, *more in MUTANTS])
 
 
 @pytest.mark.parametrize("name, error", [(m[0], m[3]) for m in MUTANTS])

@@ -1,9 +1,11 @@
 """The mix kernel of a MatMul and its epilogue (cube.py plans it): the sources.
 
-Each vector core (AIV) owns a singleCoreM x singleCoreN region of C. It registers the Matmul
-object (REGIST_MATMUL_OBJ on the kernel's TPipe and the system workspace), sets its region's A and
-B (SetTail for a region cut by the matrix's edge) and then, for every Iterate (the cube computes
-one baseM x baseN block of C, M first):
+Each vector core (AIV) owns a singleCoreM x singleCoreN region of C. The kernel function registers
+the Matmul object (REGIST_MATMUL_OBJ on the kernel's TPipe and the system workspace: expanded in
+the kernel function itself, since on the AIC the macro serves the cube and returns from the
+function it is in, and on the AIV it declares the client the object uses until End). The vector
+core sets its region's A and B (SetTail for a region cut by the matrix's edge) and then, for every
+Iterate (the cube computes one baseM x baseN block of C, M first):
 
     CopyIn   GetTensorC<true> into a VECIN block (float, row stride baseN); [M, N] inputs copied
              in row by row, per-column vectors copied into every row of their block (DataCopyPad)
@@ -68,12 +70,13 @@ class MatmulEmitter(Emitter):
         gm_params = (["GM_ADDR a", "GM_ADDR b"] + [f"GM_ADDR in{k}" for k in self._gm_inputs()]
                      + [f"GM_ADDR out{j}" for j in range(len(out_types))])
         gm_names = ", ".join(p.split()[1] for p in gm_params)
-        members = [f"  Matmul<MatmulType<TPosition::GM, CubeFormat::ND, {ab}, {str(mm.transpose_a).lower()}>,\n"
-                   f"         MatmulType<TPosition::GM, CubeFormat::ND, {ab}, {str(mm.transpose_b).lower()}>,\n"
-                   "         MatmulType<TPosition::VECIN, CubeFormat::ND, float>,\n"
-                   f"         MatmulType<TPosition::GM, CubeFormat::ND, {cube.bias_type or 'float'}>> mm;",
-                   "  TCubeTiling cube;",
-                   f"  GlobalTensor<{ab}> aGm;", f"  GlobalTensor<{ab}> bGm;"]
+        members = [f"  GlobalTensor<{ab}> aGm;", f"  GlobalTensor<{ab}> bGm;"]
+        public = ("  TPipe pipe;\n"
+                  f"  Matmul<MatmulType<TPosition::GM, CubeFormat::ND, {ab}, {str(mm.transpose_a).lower()}>,\n"
+                  f"         MatmulType<TPosition::GM, CubeFormat::ND, {ab}, {str(mm.transpose_b).lower()}>,\n"
+                  "         MatmulType<TPosition::VECIN, CubeFormat::ND, float>,\n"
+                  f"         MatmulType<TPosition::GM, CubeFormat::ND, {cube.bias_type or 'float'}>> mm;\n"
+                  "  TCubeTiling cube;\n")
         init = [f"    aGm.SetGlobalBuffer((__gm__ {ab}*)a, static_cast<uint64_t>(t.M) * t.K);",
                 f"    bGm.SetGlobalBuffer((__gm__ {ab}*)b, static_cast<uint64_t>(t.K) * t.N);"]
         for k, role in enumerate(cube.roles):
@@ -149,12 +152,15 @@ constexpr int32_t BLOCK = BASE_M * BASE_N;  // elements of a C block in UB
 class Kernel {{
  public:
   __aicore__ inline Kernel() {{}}
-  __aicore__ inline void Init({", ".join(gm_params)}, const {n}_TilingData& t) {{
+  // The Matmul API's tiling, before REGIST_MATMUL_OBJ (which the kernel function expands: on the
+  // AIC it serves the cube and returns from there, and its client must outlive Process).
+  __aicore__ inline void SetCubeTiling(const {n}_TilingData& t) {{
 {set_cube}
     cube.Ka = cube.Kb = cube.singleCoreK = static_cast<int32_t>(t.K);
     cube.stepM = cube.stepN = cube.stepKa = cube.stepKb = 1;
     cube.isBias = {int(cube.bias_add is not None)};
-    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &cube);
+  }}
+  __aicore__ inline void Init({", ".join(gm_params)}, const {n}_TilingData& t) {{
 {chr(10).join(init)}
     N = t.N;
     const uint32_t block = GetBlockIdx();
@@ -185,6 +191,7 @@ class Kernel {{
     mm.End();
   }}
 
+{public}
  private:
   __aicore__ inline void CopyIn(uint64_t mOff, uint64_t nOff, uint32_t rows, uint32_t cols) {{
 {copy_params}
@@ -198,7 +205,6 @@ class Kernel {{
 {copy_params}
 {copy_out}  }}
 
-  TPipe pipe;
 {chr(10).join(members)}
   uint64_t N = 0;
   uint32_t m0 = 0, n0 = 0, tailM = 0, tailN = 0;
@@ -218,7 +224,11 @@ extern "C" __global__ __aicore__ void {n}({", ".join(gm_params)}, GM_ADDR worksp
   if (GetSysWorkSpacePtr() == nullptr) return;
   {n}_TilingData t;
   {n}_impl::CopyTiling(&t, tiling);
-  {n}_impl::Kernel op;  // every vector core of the launch registers the Matmul and calls End()
+  {n}_impl::Kernel op;
+  op.SetCubeTiling(t);
+  // every core registers the Matmul: the AIC serves its two vector cores' requests here and
+  // returns; each vector core (idle ones too) calls End()
+  REGIST_MATMUL_OBJ(&op.pipe, GetSysWorkSpacePtr(), op.mm, &op.cube);
   op.Init({gm_names}, t);
   op.Process();
 }}

@@ -17,6 +17,8 @@
 //     the bias table (1 KiB); depthA1 = stepM * stepKa * (1 or 2), depthB1 = stepN * stepKb * (1
 //     or 2); the A and B blocks of L1 within L1 (512 KiB - 128); Ka = Kb = singleCoreK; usedCoreNum
 //     within the blocks launched; single-core shapes positive and within the matrix;
+//   - REGIST_MATMUL_OBJ expanded in a scope that outlives the object's use (the kernel
+//     function): its client goes with that scope;
 //   - the call order: SetTensorA/B before Iterate, a transpose only with ISTRANS in the
 //     MatmulType, isBias matching SetBias, one GetTensorC after each Iterate (sync mode), nothing
 //     after End, and End called before the block ends;
@@ -69,6 +71,18 @@ constexpr bool CubeAccepts() {
 }
 }  // namespace twin
 
+namespace twin {
+// The client REGIST_MATMUL_OBJ declares; the registered object learns when it goes.
+struct KfcClient {
+  bool* gone = nullptr;
+  KfcClient() = default;
+  KfcClient(const KfcClient&) = delete;
+  ~KfcClient() {
+    if (gone) *gone = true;
+  }
+};
+}  // namespace twin
+
 namespace AscendC {
 
 inline void SetSysWorkspace(GM_ADDR workspace) { twin::Cur().sys_workspace = workspace; }
@@ -107,8 +121,9 @@ class Matmul {
   }
 
   // REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), obj, &tiling)
-  void TwinRegister(TPipe* pipe, GM_ADDR workspace, const TCubeTiling* tiling) {
+  void TwinRegister(TPipe* pipe, GM_ADDR workspace, const TCubeTiling* tiling, twin::KfcClient* client) {
     if (!pipe || !tiling) twin::Fail("REGIST_MATMUL_OBJ: null pipe or tiling");
+    client->gone = &clientGone_;
     if (registered_) twin::Fail("REGIST_MATMUL_OBJ: the object is registered twice");
     if (twin::Cur().kernel_type != KERNEL_TYPE_MIX_AIC_1_2)
       twin::Fail("REGIST_MATMUL_OBJ: a Matmul needs the cube: declare the kernel "
@@ -228,6 +243,10 @@ class Matmul {
  private:
   void Ready(const char* api) const {
     if (!registered_) twin::Fail(std::string(api) + " before REGIST_MATMUL_OBJ");
+    if (clientGone_)
+      twin::Fail(std::string(api) + ": the client REGIST_MATMUL_OBJ declared is gone: expand the macro in "
+                 "the kernel function, whose scope outlives the Matmul's use (on the AIC it returns from "
+                 "that function)");
     if (ended_) twin::Fail(std::string(api) + " after End()");
   }
   static std::string Str(int64_t v) { return std::to_string(v); }
@@ -270,7 +289,7 @@ class Matmul {
   }
 
   TCubeTiling t_{};
-  bool registered_ = false, ended_ = false, pending_ = false;
+  bool registered_ = false, ended_ = false, pending_ = false, clientGone_ = false;
   bool aSet_ = false, bSet_ = false, biasSet_ = false, transA_ = false, transB_ = false;
   int64_t tailM_ = 0, tailN_ = 0, tailK_ = 0, iter_ = 0;
   GlobalTensor<SrcA> a_;
@@ -279,7 +298,12 @@ class Matmul {
   std::vector<float> block_;
 };
 
-#define REGIST_MATMUL_OBJ(pipe, workspace, obj, tiling) (obj).TwinRegister((pipe), (workspace), (tiling))
+// Like the real macro, a client object declared in the scope that expands it: the Matmul works
+// while that scope lives (the real macro's AIC side returns from that function after serving
+// the cube; its AIV side points the object at this client).
+#define REGIST_MATMUL_OBJ(pipe, workspace, obj, tiling) \
+  ::twin::KfcClient __kfcClient__;                      \
+  (obj).TwinRegister((pipe), (workspace), (tiling), &__kfcClient__)
 
 }  // namespace AscendC
 
