@@ -48,7 +48,7 @@ constexpr int64_t kL0BBytes = 64 * 1024;
 constexpr int64_t kL0CBytes = 128 * 1024;
 constexpr int64_t kL1Bytes = 512 * 1024 - 128;  // KFC_L1_RESERVER_SIZE kept by the framework
 constexpr int64_t kBiasTableBytes = 1024;
-constexpr uint64_t kSysWorkspaceBytes = 16ull * 1024 * 1024;  // GetLibApiWorkSpaceSize on Atlas A2
+constexpr uint64_t kSysWorkspaceBytes = 16ull * 1024 * 1024;  // RESERVED_WORKSPACE for dav-2201
 
 // The Atlas A2 rows of the Matmul API's dtype table (A, B, Bias, C).
 template <typename A, typename B, typename Bias, typename C>
