@@ -78,3 +78,25 @@ def test_every_generated_kernel_compiles_against_the_real_headers(kernels_dir, c
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert proc.returncode == 0, "\n".join(errors[:40])
+
+
+@pytest.mark.parametrize("compiler", ["g++", "clang++"])
+def test_matmul_mix_kernels_compile_against_the_real_headers(tmp_path, compiler):
+    """The mix kernels of test_codegen_matmul.py (Matmul API, `lib/matmul_intf.h`, TCubeTiling
+    from `kernel_tiling/kernel_tiling.h`), -D__NPU_ARCH__=2201 as a dav-2201 build defines it."""
+    from test_codegen_matmul import CASES
+
+    from tf_autofuse.codegen import cube
+
+    if shutil.which(compiler) is None:
+        pytest.skip(f"{compiler} is not installed")
+    kernels = [cube.generate_matmul(c.mm, c.program, 0, c.name) for c in CASES.values()]
+    for kernel in kernels:
+        for name, text in kernel.sources.items():
+            (tmp_path / name).write_text(text)
+    (tmp_path / "all_kernels.cpp").write_text("".join(f'#include "{k.name}_kernel.cpp"\n' for k in kernels))
+    command = [compiler, *FLAGS, "-D__NPU_ARCH__=2201", *(CLANG_FLAGS if "clang" in compiler else []),
+               *(f"-I{d}" for d in include_dirs()), f"-I{tmp_path}", str(tmp_path / "all_kernels.cpp")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 0, "\n".join(errors[:40])

@@ -101,10 +101,11 @@ def _optimize(graph_bytes: bytes, preserve, feeds, shapes, params, source: str):
         result = Fuser.from_flags(flags).rewrite(graph_def, preserve, shapes, feeds)
         if flags.codegen_compile_debug:
             debug.dump(flags.debug_dir, graph_def, result)
-            if result.fusions:  # the Ascend C each fused kernel would run as (never raises)
-                from .codegen import dump as codegen_dump
+            # the Ascend C of each fused kernel and of each MatMul with its epilogue (never raises)
+            from .codegen import dump as codegen_dump
 
-                codegen_dump.dump_codegen(flags.debug_dir, result.fusions, verify=False)
+            codegen_dump.dump_codegen(flags.debug_dir, result.fusions, verify=False,
+                                      graph_def=result.graph_def, shapes=shapes)
         if not result.fusions and not result.epilogues:  # an epilogue alone is a rewrite too
             return None
         cann.note_fused_graph(result.graph_def, flags.autofuse_enhance_precision_blacklist)

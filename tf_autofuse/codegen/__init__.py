@@ -7,6 +7,9 @@
     schedule.py choosing a schedule (flat, broadcast, broadcast3, reduce, column)
     compute.py  what one tile computes, for any schedule
     emit/       one emitter per schedule: device kernel, tiling header, host glue
+    cube.py     a MatMul and its epilogue as one mix kernel (Matmul API on the AIC, the epilogue
+                on each C block in UB): plan, tiling, refusals; emitted by emit/matmul.py
+    matmul_groups.py  the MatMuls of a fused graph with their epilogue (for the dump)
     tiling.py   UB budget, the tiling-data struct and the host tiling function
     ascendc.py  generate(program, name) -> Kernel: schedule, compute plan, emitter
     build.py    compile-and-cache

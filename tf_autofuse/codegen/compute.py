@@ -20,8 +20,14 @@ class Refused(Exception):
 
 
 class ComputePlan:
-    def __init__(self, program: ir.Program, blacklist: frozenset, sched: _schedule.Schedule):
+    def __init__(self, program: ir.Program, blacklist: frozenset, sched: _schedule.Schedule,
+                 wide_inputs=frozenset(), given=None):
         self.p, self.blacklist, self.schedule = program, blacklist, sched
+        # inputs whose tile arrives in UB already in their compute type (a MatMul's float C block)
+        self.wide_inputs = frozenset(wide_inputs)
+        # instructions whose value arrives in UB computed (instruction -> its float tensor: a
+        # MatMul's C block with the bias the cube added): not emitted
+        self.given = dict(given or {})
         self.split = sched.split
         self.split2 = sched.split2
         self.column = sched.kind == _schedule.COLUMN  # [outer, mid (reduced), inner]: items walk mid
@@ -101,18 +107,24 @@ class ComputePlan:
             # where each value lives: (C++ tensor expression, ctype, slot or None)
             loc: dict = {}
             for k, inp in enumerate(p.inputs):
-                if STORAGE[inp.dtype] == CTYPE[inp.dtype] and self.queued[k]:
+                if k in self.wide_inputs and self.queued[k]:
+                    loc[ir.Ref("in", k)] = (f"x{k}", STORAGE[inp.dtype], None)
+                elif STORAGE[inp.dtype] == CTYPE[inp.dtype] and self.queued[k]:
                     loc[ir.Ref("in", k)] = (f"x{k}", CTYPE[inp.dtype], None)
+            for k, expr in self.given.items():
+                loc[ir.Ref("%", k)] = (expr, STORAGE[p.insts[k].dtype], None)
             # values written straight into their output tensor (the final pass writes the outputs)
             direct = {}
             for j, ref in enumerate(keep):
-                if (ref.kind == "%" and output_refs.count(ref) == 1 and not p.insts[ref.index].reduced
+                if (ref.kind == "%" and ref.index not in self.given and output_refs.count(ref) == 1
+                        and not p.insts[ref.index].reduced
                         and STORAGE[p.insts[ref.index].dtype] == out_types[j]):
                     direct[ref] = j
             self.free = sorted(range(self.slots), reverse=True)  # every pass reuses the scratch slots
             self.body = []
             for k in needed:
-                self._emit(k, p.insts[k], loc, direct, last_use, keep)
+                if k not in self.given:
+                    self._emit(k, p.insts[k], loc, direct, last_use, keep)
             if final:
                 self._write_outputs(loc, direct, output_refs, out_types, out_reduced)
             self.bodies.append(self.body)

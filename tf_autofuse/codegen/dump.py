@@ -6,8 +6,12 @@ builds it with CANN (for CANN 8.0-8.4 no .asc: the CMakeLists builds the sources
 autofuse_launch.h), ub_plan.txt, tiling.txt (the tiling data for the program's static size, or example sizes, on 1, 8, 40 and 48 cores), build_commands.txt (the twin
 g++ command and the CANN commands), twin_build.log (the twin compile of the kernel, which checks
 that the source compiles against the emulated API) and, where CANN is installed, cann_build.log.
-A kernel that cannot be generated gets refused.txt with the reason. Nothing here raises: a dump
-that fails is a warning.
+A kernel that cannot be generated gets refused.txt with the reason. Given the fused graph, each
+MatMul with its epilogue (matmul_groups.py) gets a directory too, named after the fused node and
+the MatMul: program.txt (the epilogue), matmul.txt, the mix kernel's files as above, with
+ub_plan.txt for the block and tiling.txt for example M, or refused.txt with the reason the MatMul
+stays a framework op; summary.txt lists every kernel. Nothing here raises: a dump that
+fails is a warning.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from typing import Iterable, Mapping, Optional
 from .._warn import warn_once
 from . import build as _build
 from . import cann as _cann
+from . import cube as _cube
 from . import ir, tiling, twin
+from . import matmul_groups as _matmul_groups
 from .ascendc import Kernel, generate
 
 CORE_NUMS = (1, 8, 40, 48)
@@ -95,11 +101,17 @@ def dump_kernel(root: Path, name: str, program: str, verify: bool = True, enviro
     if not kernel.ok:
         (out / "refused.txt").write_text(kernel.reason + "\n")
         return kernel
+    (out / "ub_plan.txt").write_text(kernel.ub.describe() + "\n")
+    (out / "tiling.txt").write_text(_tiling_text(kernel))
+    _write_build(out, kernel, verify, environ)
+    return kernel
+
+
+def _write_build(out: Path, kernel: Kernel, verify: bool, environ) -> None:
+    """The sources, what builds them with CANN, the twin compile and, with CANN, its build."""
     for file_name, text in kernel.sources.items():
         (out / file_name).write_text(text)
     shutil.copy(_build.HOST_DIR / "autofuse_launch.h", out / "autofuse_launch.h")
-    (out / "ub_plan.txt").write_text(kernel.ub.describe() + "\n")
-    (out / "tiling.txt").write_text(_tiling_text(kernel))
     cann, why = _cann.detect(environ)
     target = cann or _cann.Cann(Path("${ASCEND_HOME_PATH}"), Path("bisheng"),
                                 Path("${ASCEND_HOME_PATH}/lib64/libascendcl.so"), "cmake")
@@ -125,13 +137,44 @@ def dump_kernel(root: Path, name: str, program: str, verify: bool = True, enviro
             shutil.copy(path.parent / "build.log", out / "cann_build.log")
         except _build.CodegenBuildError as err:
             (out / "cann_build.log").write_text(str(err) + "\n")
+
+
+def _cube_tiling_text(kernel: Kernel) -> str:
+    mm = kernel.cube.matmul
+    ms = [mm.m] if mm.m > 0 else [1, 1000, 1 << 16]
+    lines = [f"# tiling data ({', '.join(n for _, n in _cube.CubeTiling.fields())}); {mm.describe()}",
+             "# M is known at run time; examples" if mm.m <= 0 else "# static M"]
+    for m in ms:
+        for cores in CORE_NUMS:
+            t = _cube.compute_tiling(kernel.cube.block, m, mm.n, mm.k, cores)
+            lines.append(f"M={m} cores={cores}: {t.as_dict()}")
+    return "\n".join(lines) + "\n"
+
+
+def dump_matmul_group(root: Path, group, verify: bool = True, blacklist=None, environ=None) -> Kernel:
+    """One MatMul and its epilogue (matmul_groups.MatmulGroup): the mix kernel's sources, or
+    refused.txt with the reason the MatMul stays a framework op."""
+    kernel = group.generate(blacklist)
+    out = root / "codegen" / kernel.name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "program.txt").write_text(group.program)
+    what = group.spec.describe() if group.spec else "MatMul"
+    (out / "matmul.txt").write_text(f"{group.matmul}: {what}; the product is the epilogue's in{group.c_input}\n")
+    if not kernel.ok:
+        (out / "refused.txt").write_text(f"{group.matmul} stays a framework op: {kernel.reason}\n")
+        return kernel
+    (out / "ub_plan.txt").write_text(f"block {kernel.ub.max_tile} elements: {kernel.ub.describe()}\n")
+    (out / "tiling.txt").write_text(_cube_tiling_text(kernel))
+    _write_build(out, kernel, verify, environ)
     return kernel
 
 
-def dump_codegen(debug_dir, fusions: Iterable, verify: bool = True, environ=None) -> list:
+def dump_codegen(debug_dir, fusions: Iterable, verify: bool = True, environ=None, graph_def=None,
+                 shapes=None) -> list:
     """The hook for tf_autofuse/debug.py: dump every fusion (objects with .name and .program, or
-    (name, program) pairs). Returns the Kernels; never raises."""
-    kernels = []
+    (name, program) pairs) and, given the fused graph, every MatMul with its epilogue
+    (matmul_groups.py). Returns the Kernels; never raises."""
+    kernels, groups = [], []
     root = Path(debug_dir)
     for fusion in fusions:
         name, program = (fusion.name, fusion.program) if hasattr(fusion, "program") else fusion
@@ -140,8 +183,25 @@ def dump_codegen(debug_dir, fusions: Iterable, verify: bool = True, environ=None
         except OSError as err:
             warn_once(f"cannot write the codegen dump into {root}: {err}")
             break
+    if graph_def is not None:
+        try:
+            found = _matmul_groups.find(graph_def, shapes)
+        except Exception as err:  # noqa: BLE001 - a dump never breaks the pass
+            warn_once(f"the MatMul epilogues of this graph are not dumped: {err}")
+            found = []
+        for group in found:
+            try:
+                groups.append((group, dump_matmul_group(root, group, verify, environ=environ)))
+            except OSError as err:
+                warn_once(f"cannot write the codegen dump into {root}: {err}")
+                break
+            except Exception as err:  # noqa: BLE001 - a dump never breaks the pass: a bug, said once
+                warn_once(f"the Ascend dump of {group.matmul} and its epilogue failed (a bug): {err!r}")
+    lines = [f"{k.name}: {'generated' if k.ok else 'CPU only: ' + k.reason}" for k in kernels]
+    lines += [f"{k.name}: mix kernel of {g.matmul} and its epilogue" if k.ok
+              else f"{k.name}: {g.matmul} stays a framework op: {k.reason}" for g, k in groups]
+    kernels += [k for _, k in groups]
     if kernels:
-        lines = [f"{k.name}: {'generated' if k.ok else 'CPU only: ' + k.reason}" for k in kernels]
         try:
             (root / "codegen" / "summary.txt").write_text("\n".join(lines) + "\n")
         except OSError:
@@ -190,9 +250,13 @@ def main(argv=None) -> int:
 
         result = rewrite(graph_def)
         fusions = [(f.name, f.program) for f in result.fusions]
-    kernels = dump_codegen(args.output, fusions, verify=not args.no_verify)
+        graph_def = result.graph_def
+    kernels = dump_codegen(args.output, fusions, verify=not args.no_verify, graph_def=graph_def)
     for k in kernels:
-        if k.ok:
+        if k.ok and k.cube is not None:
+            print(f"{k.name}: mix kernel ({k.cube.matmul.describe()} + epilogue), block "
+                  f"{k.cube.block.base_m} x {k.cube.block.base_n} -> {Path(args.output) / 'codegen' / k.name}")
+        elif k.ok:
             print(f"{k.name}: generated, {k.ub.bytes_per_element} B of UB per element, "
                   f"tile {k.ub.max_tile} -> {Path(args.output) / 'codegen' / k.name}")
         else:

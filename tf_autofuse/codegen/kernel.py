@@ -38,6 +38,8 @@ class Kernel:
     out_reduced: tuple = ()  # reduce schedule: per output, True when it is a reduced value
     passes: int = 1  # reduce schedule: passes over each row
     split2: Optional[int] = None  # column schedule: axes [split, split2) reduced, [split2, rank) kept
+    cube: Optional[object] = None  # a MatMul and its epilogue: the cube.CubePlan; inputs are then
+    #                                the epilogue's GM inputs (A and B apart)
 
     def column_dims(self, iteration_shape) -> tuple:
         """(outer, mid, inner) of the column schedule."""

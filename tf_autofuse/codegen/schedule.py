@@ -60,14 +60,22 @@ def row_of(patterns, k: int) -> str:
 _NO_FP64 = {"f64": " (the AI core's vector unit has no fp64 arithmetic)"}
 
 
-def _kind(program: ir.Program) -> str:
-    """FLAT, BROADCAST or REDUCE, else why no schedule fits (yet)."""
+def dtype_refusal(program: ir.Program) -> str:
+    """Why a value of the program has no vector type, or ""."""
     for k, inp in enumerate(program.inputs):
         if inp.dtype not in CTYPE:
             return f"in{k}: {inp.dtype} has no Ascend vector type on this path{_NO_FP64.get(inp.dtype, '')}"
     for k, inst in enumerate(program.insts):
         if inst.dtype not in CTYPE or inst.operand_dtype not in CTYPE:
             return f"%{k} = {inst.op}: dtype {inst.dtype} is not generated{_NO_FP64.get(inst.dtype, '')}"
+    return ""
+
+
+def _kind(program: ir.Program) -> str:
+    """FLAT, BROADCAST or REDUCE, else why no schedule fits (yet)."""
+    why = dtype_refusal(program)
+    if why:
+        return why
     if program.has_reduction:
         return REDUCE
     if program.has_broadcast:

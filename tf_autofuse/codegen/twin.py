@@ -63,7 +63,8 @@ class _LaunchArgs(ctypes.Structure):
                 ("input_elements", ctypes.POINTER(ctypes.c_uint64))]
 
 
-def _harness(k: Kernel, acl: bool) -> str:
+def _harness(k: Kernel) -> str:
+    """`NAME_twin_run(ins, outs, outer, inner, core_num, ...)` of a vector kernel."""
     n = k.name
     nin, nout = len(k.inputs), len(k.outputs)
     gm = ", ".join([f"(GM_ADDR)ins[{i}]" for i in range(nin)] + [f"(GM_ADDR)outs[{i}]" for i in range(nout)])
@@ -107,35 +108,48 @@ extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t outer,
   return e.empty() ? 0 : 2;
 }}
 """
-    if acl:
-        params = ", ".join(f"uint8_t* a{i}" for i in range(nin + nout + 2))
-        args = ", ".join(f"(GM_ADDR)c->args[{i}]" for i in range(nin + nout + 2))
-        text += f"""
-struct {n}_launch_ctx {{ uint32_t block_dim; uint8_t* args[{nin + nout + 2}]; }};
+    return text
+
+
+def _arg_count(k: Kernel) -> int:
+    """The kernel's GM arguments: (A, B,) inputs, outputs, workspace, tiling."""
+    return (2 if k.cube is not None else 0) + len(k.inputs) + len(k.outputs) + 2
+
+
+def _acl_part(k: Kernel) -> str:
+    """What the toolchain's launch stub does on hardware: check the arguments, queue the kernel
+    (`twin_launch_NAME`), run it at the stream's synchronisation. A mix kernel's launch of
+    blockDim AI cores runs 2 x blockDim vector blocks, and its workspace is an argument like the
+    others (the Matmul API's system workspace)."""
+    n, count = k.name, _arg_count(k)
+    workspace = count - 2
+    params = ", ".join(f"uint8_t* a{i}" for i in range(count))
+    args = ", ".join(f"(GM_ADDR)c->args[{i}]" for i in range(count))
+    blocks = "2 * c->block_dim" if k.cube is not None else "c->block_dim"
+    skip = "" if k.cube is not None else f"\n    if (i == {workspace}) continue;  // workspace: none"
+    return f"""
+struct {n}_launch_ctx {{ uint32_t block_dim; uint8_t* args[{count}]; }};
 static const char* {n}_run_ctx(void* p) {{
   static thread_local std::string error;
   {n}_launch_ctx* c = static_cast<{n}_launch_ctx*>(p);
   for (uint8_t* a : c->args) if (a) twin::Gm().Add(a, twinAclDeviceSize(a));
-  error = twin::RunBlocks(c->block_dim, {n}, {args});
+  error = twin::RunBlocks({blocks}, {n}, {args});
   for (uint8_t* a : c->args) if (a) twin::Gm().Remove(a);
   delete c;
   return error.c_str();
 }}
-// What the toolchain's launch stub does on hardware: check the arguments, queue the kernel.
 static aclError twin_launch_{n}(uint32_t block_dim, aclrtStream stream, {params}) {{
-  {n}_launch_ctx* c = new {n}_launch_ctx{{block_dim, {{{", ".join(f"a{i}" for i in range(nin + nout + 2))}}}}};
-  for (int i = 0; i < {nin + nout + 2}; ++i) {{
-    if (i == {nin + nout}) continue;  // workspace: none
+  {n}_launch_ctx* c = new {n}_launch_ctx{{block_dim, {{{", ".join(f"a{i}" for i in range(count))}}}}};
+  for (int i = 0; i < {count}; ++i) {{{skip}
     if (twinAclDeviceSize(c->args[i]) == 0) {{ delete c; return ACL_ERROR_INVALID_PARAM; }}
   }}
-  const void* used[{nin + nout + 2}];
-  for (int i = 0; i < {nin + nout + 2}; ++i) used[i] = c->args[i];
-  aclError rc = twinAclEnqueue(stream, {n}_run_ctx, c, block_dim, used, {nin + nout + 2});
+  const void* used[{count}];
+  for (int i = 0; i < {count}; ++i) used[i] = c->args[i];
+  aclError rc = twinAclEnqueue(stream, {n}_run_ctx, c, block_dim, used, {count});
   if (rc != ACL_SUCCESS) delete c;
   return rc;
 }}
 """
-    return text
 
 
 def _wrapper(kernels, acl: bool) -> str:
@@ -149,16 +163,52 @@ def _wrapper(kernels, acl: bool) -> str:
     for k in kernels:
         if acl:  # the twin launch function must precede the launcher that calls it
             lines.append(f'#include "{k.name}_tiling.h"')
-            lines.append(_harness_acl_decl(k))
+            lines.append(_acl_part(k))
         lines.append(f'#include "{k.name}_host.cpp"')
-        lines.append(_harness(k, acl=False))
+        lines.append(_cube_harness(k) if k.cube is not None else _harness(k))
     return "\n".join(lines) + "\n"
 
 
-def _harness_acl_decl(k: Kernel) -> str:
-    # The acl harness part (launch context + twin_launch_NAME) without the twin_run function.
-    full = _harness(k, acl=True)
-    return full[full.index(f"\nstruct {k.name}_launch_ctx"):]
+def _cube_harness(k: Kernel) -> str:
+    """`NAME_twin_run(ins, outs, m, core_num, ...)` of a mix kernel: ins are A, B and the
+    epilogue's GM inputs; the vector blocks of the launch (two per AI core) run one after another."""
+    from . import cube as _cube
+
+    n, plan = k.name, k.cube
+    ab = _cube.CUBE_TYPES[plan.matmul.dtype]
+    extent = {_cube.FULL: "m * t.N", _cube.ROW: "t.N", _cube.BIAS: "t.N", _cube.SCALAR: "1"}
+    roles = [r for r in plan.roles if r != _cube.C]
+    sizes = [f"m * t.K * sizeof({ab})", f"t.K * t.N * sizeof({ab})"]
+    sizes += [f"({extent[r]}) * sizeof({t})" for r, t in zip(roles, k.inputs)]
+    nin, nout = len(sizes), len(k.outputs)
+    reg = "".join(f"  twin::Gm().Add(ins[{i}], {size});\n" for i, size in enumerate(sizes))
+    reg += "".join(f"  twin::Gm().Add(outs[{j}], m * t.N * sizeof({t}));\n" for j, t in enumerate(k.outputs))
+    unreg = "".join(f"  twin::Gm().Remove(ins[{i}]);\n" for i in range(nin))
+    unreg += "".join(f"  twin::Gm().Remove(outs[{j}]);\n" for j in range(nout))
+    gm = ", ".join([f"(GM_ADDR)ins[{i}]" for i in range(nin)] + [f"(GM_ADDR)outs[{j}]" for j in range(nout)])
+    return f"""
+extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t m, uint32_t core_num,
+                            void* tiling_out, char* err, uint32_t err_len) {{
+  {n}_TilingData t;
+  if ({n}_tiling(m, core_num, &t) != 0) {{
+    std::snprintf(err, err_len, "tiling failed");
+    return 1;
+  }}
+  if (tiling_out) std::memcpy(tiling_out, &t, sizeof(t));
+  if (t.blockDim == 0) return 0;
+  std::vector<uint8_t> tiling_gm(sizeof(t));
+  std::memcpy(tiling_gm.data(), &t, sizeof(t));
+  std::vector<uint8_t> workspace(twin::kSysWorkspaceBytes);
+{reg}  twin::Gm().Add(tiling_gm.data(), tiling_gm.size());
+  twin::Gm().Add(workspace.data(), workspace.size());
+  // mix launch: blockDim AI cores, two vector cores each
+  std::string e = twin::RunBlocks(2 * t.blockDim, {n}, {gm}, workspace.data(), tiling_gm.data());
+{unreg}  twin::Gm().Remove(tiling_gm.data());
+  twin::Gm().Remove(workspace.data());
+  std::snprintf(err, err_len, "%s", e.c_str());
+  return e.empty() ? 0 : 2;
+}}
+"""
 
 
 def stub_library() -> Path:
@@ -180,7 +230,7 @@ def build(kernels, acl: bool = False, single: bool = False, route: int = 9) -> "
 
 def _launch_header(k: Kernel) -> str:
     """Stand-in of the aclrtlaunch_<name>.h that CANN 8.x's ascendc_library generates."""
-    n = len(k.inputs) + len(k.outputs) + 2
+    n = _arg_count(k)
     params = ", ".join(f"void* a{i}" for i in range(n))
     args = ", ".join(f"static_cast<uint8_t*>(a{i})" for i in range(n))
     return (f"// Stand-in of CANN 8.x's generated launch header for {k.name}.\n#pragma once\n"
@@ -272,6 +322,69 @@ class TwinLibrary:
         if rc != 0:
             raise TwinError(err.value.decode(errors="replace"))
         return self._shaped(kernel, outs, shape), t.as_tiling()
+
+    def run_matmul(self, name: str, a, b, inputs, core_num: int):
+        """(outputs [M, N], CubeTiling) of one run of mix kernel `name`: A and B as the MatMul
+        reads them (transposed when its flags say so), `inputs` the epilogue's GM inputs in
+        order; TwinError on a broken rule."""
+        from . import cube as _cube
+
+        kernel = self.kernels[name]
+        plan = kernel.cube
+        ab = NUMPY[_cube.CUBE_TYPES[plan.matmul.dtype]]
+        a = np.ascontiguousarray(a, dtype=ab)
+        b = np.ascontiguousarray(b, dtype=ab)
+        m = a.shape[1] if plan.matmul.transpose_a else a.shape[0]
+        arrays = [a.reshape(-1), b.reshape(-1)]
+        arrays += [np.ascontiguousarray(x, dtype=NUMPY[c]).reshape(-1) for c, x in zip(kernel.inputs, inputs)]
+        n = plan.matmul.n
+        outs = [np.full(m * n, 0x7B, dtype=NUMPY[c]) for c in kernel.outputs]
+        ins_p = (ctypes.c_void_p * len(arrays))(*[x.ctypes.data for x in arrays])
+        outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
+        t = _ctypes_struct(_cube.CubeTiling)()
+        err = ctypes.create_string_buffer(4096)
+        fn = getattr(self.lib, f"{name}_twin_run")
+        fn.restype = ctypes.c_int
+        rc = fn(ins_p, outs_p, ctypes.c_uint64(m), ctypes.c_uint32(core_num), ctypes.byref(t), err,
+                ctypes.c_uint32(len(err)))
+        if rc != 0:
+            raise TwinError(err.value.decode(errors="replace"))
+        outs = [o.view(np.bool_) if c == "uint8_t" else o for o, c in zip(outs, kernel.outputs)]
+        return [o.reshape(m, n) for o in outs], t.as_tiling()
+
+    def launch_matmul(self, name: str, a, b, inputs, core_num: int = 0):
+        """run_matmul through the mix kernel's ACL launcher and the stand-in runtime."""
+        from . import cube as _cube
+
+        kernel = self.kernels[name]
+        plan = kernel.cube
+        ab = NUMPY[_cube.CUBE_TYPES[plan.matmul.dtype]]
+        arrays = [np.ascontiguousarray(a, dtype=ab), np.ascontiguousarray(b, dtype=ab)]
+        m = arrays[0].shape[1] if plan.matmul.transpose_a else arrays[0].shape[0]
+        arrays += [np.ascontiguousarray(x, dtype=NUMPY[c]) for c, x in zip(kernel.inputs, inputs)]
+        n = plan.matmul.n
+        outs = [np.full(m * n, 0x7B, dtype=NUMPY[c]) for c in kernel.outputs]
+        ins_p = (ctypes.c_void_p * len(arrays))(*[x.ctypes.data for x in arrays])
+        outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
+        t = _ctypes_struct(_cube.CubeTiling)()
+        err = ctypes.create_string_buffer(4096)
+        dims = (ctypes.c_int64 * 2)(m, n)
+        counts = (ctypes.c_uint64 * len(arrays))(*[x.size for x in arrays])
+        args = _LaunchArgs(1, 0, None, core_num, m * n, len(arrays),
+                           ctypes.cast(ins_p, ctypes.POINTER(ctypes.c_void_p)), len(outs),
+                           ctypes.cast(outs_p, ctypes.POINTER(ctypes.c_void_p)),
+                           ctypes.cast(ctypes.byref(t), ctypes.c_void_p), ctypes.cast(err, ctypes.c_char_p),
+                           len(err), 2, ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64)),
+                           ctypes.cast(counts, ctypes.POINTER(ctypes.c_uint64)))
+        fn = getattr(self.lib, f"{name}_launch")
+        fn.restype = ctypes.c_int
+        if fn(ctypes.byref(args)) != 0:
+            stub = ctypes.CDLL(str(stub_library()))
+            stub.aclGetRecentErrMsg.restype = ctypes.c_char_p
+            raise TwinError(f"{err.value.decode(errors='replace')}: "
+                            f"{(stub.aclGetRecentErrMsg() or b'').decode(errors='replace')}")
+        outs = [o.view(np.bool_) if c == "uint8_t" else o for o, c in zip(outs, kernel.outputs)]
+        return [o.reshape(m, n) for o in outs], t.as_tiling()
 
     def launch(self, name: str, inputs, core_num: int = 0, symbol: str = None):
         """Run through the ACL launcher and the stand-in runtime: (outputs, tiling)."""

@@ -6,6 +6,7 @@
     broadcast.py  broadcast ([outer, inner]) and broadcast3 ([outer, mid, inner])
     reduce.py     reduce (rows reduced over the inner axes, several passes when needed)
     column.py     column (reduced axes followed by kept ones)
+    matmul.py     the mix kernel of a MatMul and its epilogue (cube.py plans it)
 """
 
 from __future__ import annotations

@@ -44,8 +44,11 @@
 #define __global__
 #define __gm__
 #define GM_ADDR uint8_t*
-#define KERNEL_TASK_TYPE_DEFAULT(x)
+// The kernel's task type, recorded per block: a Matmul (twin/lib/matmul_intf.h) needs the cube,
+// so its kernel must be declared a mix kernel.
+#define KERNEL_TASK_TYPE_DEFAULT(x) (::twin::Cur().kernel_type = (x))
 #define KERNEL_TYPE_AIV_ONLY 0
+#define KERNEL_TYPE_MIX_AIC_1_2 4
 
 // The UB of one vector core (Atlas A2/A3) and the part the framework keeps for itself. The
 // generator (tf_autofuse/codegen/tiling.py) budgets against the same two numbers.
@@ -167,6 +170,8 @@ struct Block {
   std::vector<std::pair<uint32_t, uint32_t>> unsynced_v;  // UB SetValue'd since the last S->V WaitFlag
   uint64_t vector_ops = 0, copies = 0;
   PositionIds ids[2];  // VECIN, VECOUT
+  int kernel_type = -1;  // KERNEL_TASK_TYPE_DEFAULT
+  uint8_t* sys_workspace = nullptr;  // SetSysWorkspace
 };
 inline Block*& Current() {
   static thread_local Block* block = nullptr;
