@@ -487,43 +487,7 @@ extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
       return autofuse_launch_fail(a, -1, "{n}: an input does not have the element count its view needs");
 {out_bytes}
   bytes[{nin + nout}] = sizeof(t);
-  const char* what = "aclrtMalloc";
-  for (int k = 0; k < {nin + nout + 1} && rc == ACL_SUCCESS; ++k)
-    rc = aclrtMalloc(&dev[k], bytes[k], ACL_MEM_MALLOC_HUGE_FIRST);
-  if (rc == ACL_SUCCESS) {{
-    what = "aclrtMemcpy host->device";
-    for (int k = 0; k < {nin} && rc == ACL_SUCCESS; ++k)
-      rc = aclrtMemcpy(dev[k], bytes[k], a->inputs[k], bytes[k], ACL_MEMCPY_HOST_TO_DEVICE);
-    if (rc == ACL_SUCCESS)
-      rc = aclrtMemcpy(dev[{nin + nout}], sizeof(t), &t, sizeof(t), ACL_MEMCPY_HOST_TO_DEVICE);
-  }}
-  if (rc == ACL_SUCCESS) {{
-    what = "kernel launch";
-    rc = AUTOFUSE_LAUNCH_KERNEL({n}, t.blockDim, stream, {dev_args});
-  }}
-  if (rc == ACL_SUCCESS) {{
-    what = "aclrtSynchronizeStream";
-    rc = aclrtSynchronizeStream(stream);
-  }}
-  if (rc == ACL_SUCCESS) {{
-    what = "aclrtMemcpy device->host";
-    for (int k = 0; k < {nout} && rc == ACL_SUCCESS; ++k)
-      rc = aclrtMemcpy(a->outputs[k], bytes[{nin} + k], dev[{nin} + k], bytes[{nin} + k],
-                       ACL_MEMCPY_DEVICE_TO_HOST);
-  }}
-  for (int k = 0; k < {nin + nout + 1}; ++k)
-    if (dev[k]) aclrtFree(dev[k]);
-  if (rc != ACL_SUCCESS) return autofuse_acl_fail(a, rc, what);
-  if (a->tiling_out) std::memcpy(a->tiling_out, &t, sizeof(t));
-  return 0;
-}}
-
-#ifdef AUTOFUSE_SINGLE_KERNEL
-extern "C" int autofuse_npu_launch(const AutofuseLaunchArgs* a) {{ return {n}_launch(a); }}
-extern "C" const char* autofuse_npu_kernel_name() {{ return "{n}"; }}
-#endif
-#endif  // AUTOFUSE_WITH_ACL
-"""
+{launch_steps(n, nin, nout, nin + nout + 1, dev_args)}"""
 
 
 class _Tiles:
@@ -545,3 +509,48 @@ class _Tiles:
 
 def patterns_text(patterns) -> str:
     return ", ".join(f"in{k} {pat}" for k, pat in enumerate(patterns))
+
+
+def launch_steps(n: str, nin: int, nout: int, total: int, dev_args: str) -> str:
+    """The end of a kernel's ACL launcher, once `dev` and `bytes` describe its `total` device
+    buffers (the nin inputs, the nout outputs, any buffer of the kernel's own, and last the
+    tiling data `t`): allocate them, copy the inputs and the tiling in, launch with `dev_args`,
+    synchronise, copy the outputs out, free; then the single-kernel entry points."""
+    return f"""\
+  const char* what = "aclrtMalloc";
+  for (int k = 0; k < {total} && rc == ACL_SUCCESS; ++k)
+    rc = aclrtMalloc(&dev[k], bytes[k], ACL_MEM_MALLOC_HUGE_FIRST);
+  if (rc == ACL_SUCCESS) {{
+    what = "aclrtMemcpy host->device";
+    for (int k = 0; k < {nin} && rc == ACL_SUCCESS; ++k)
+      rc = aclrtMemcpy(dev[k], bytes[k], a->inputs[k], bytes[k], ACL_MEMCPY_HOST_TO_DEVICE);
+    if (rc == ACL_SUCCESS)
+      rc = aclrtMemcpy(dev[{total - 1}], sizeof(t), &t, sizeof(t), ACL_MEMCPY_HOST_TO_DEVICE);
+  }}
+  if (rc == ACL_SUCCESS) {{
+    what = "kernel launch";
+    rc = AUTOFUSE_LAUNCH_KERNEL({n}, t.blockDim, stream, {dev_args});
+  }}
+  if (rc == ACL_SUCCESS) {{
+    what = "aclrtSynchronizeStream";
+    rc = aclrtSynchronizeStream(stream);
+  }}
+  if (rc == ACL_SUCCESS) {{
+    what = "aclrtMemcpy device->host";
+    for (int k = 0; k < {nout} && rc == ACL_SUCCESS; ++k)
+      rc = aclrtMemcpy(a->outputs[k], bytes[{nin} + k], dev[{nin} + k], bytes[{nin} + k],
+                       ACL_MEMCPY_DEVICE_TO_HOST);
+  }}
+  for (int k = 0; k < {total}; ++k)
+    if (dev[k]) aclrtFree(dev[k]);
+  if (rc != ACL_SUCCESS) return autofuse_acl_fail(a, rc, what);
+  if (a->tiling_out) std::memcpy(a->tiling_out, &t, sizeof(t));
+  return 0;
+}}
+
+#ifdef AUTOFUSE_SINGLE_KERNEL
+extern "C" int autofuse_npu_launch(const AutofuseLaunchArgs* a) {{ return {n}_launch(a); }}
+extern "C" const char* autofuse_npu_kernel_name() {{ return "{n}"; }}
+#endif
+#endif  // AUTOFUSE_WITH_ACL
+"""

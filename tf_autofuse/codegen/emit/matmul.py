@@ -27,7 +27,7 @@ from __future__ import annotations
 from .. import cube as _cube
 from ..compute import ComputePlan
 from ..kernel import SIZE, Kernel
-from .base import Emitter
+from .base import Emitter, launch_steps
 
 
 class MatmulEmitter(Emitter):
@@ -287,40 +287,4 @@ extern "C" int {n}_launch(const AutofuseLaunchArgs* a) {{
   for (int k = 0; k < {nin}; ++k)
     if (a->input_elements && a->input_elements[k] * in_sizes[k] != bytes[k])
       return autofuse_launch_fail(a, -1, "{n}: an input does not have the element count the MatMul needs");
-  const char* what = "aclrtMalloc";
-  for (int k = 0; k < {nin + nout + 2} && rc == ACL_SUCCESS; ++k)
-    rc = aclrtMalloc(&dev[k], bytes[k], ACL_MEM_MALLOC_HUGE_FIRST);
-  if (rc == ACL_SUCCESS) {{
-    what = "aclrtMemcpy host->device";
-    for (int k = 0; k < {nin} && rc == ACL_SUCCESS; ++k)
-      rc = aclrtMemcpy(dev[k], bytes[k], a->inputs[k], bytes[k], ACL_MEMCPY_HOST_TO_DEVICE);
-    if (rc == ACL_SUCCESS)
-      rc = aclrtMemcpy(dev[{nin + nout + 1}], sizeof(t), &t, sizeof(t), ACL_MEMCPY_HOST_TO_DEVICE);
-  }}
-  if (rc == ACL_SUCCESS) {{
-    what = "kernel launch";
-    rc = AUTOFUSE_LAUNCH_KERNEL({n}, t.blockDim, stream, {dev_args});
-  }}
-  if (rc == ACL_SUCCESS) {{
-    what = "aclrtSynchronizeStream";
-    rc = aclrtSynchronizeStream(stream);
-  }}
-  if (rc == ACL_SUCCESS) {{
-    what = "aclrtMemcpy device->host";
-    for (int k = 0; k < {nout} && rc == ACL_SUCCESS; ++k)
-      rc = aclrtMemcpy(a->outputs[k], bytes[{nin} + k], dev[{nin} + k], bytes[{nin} + k],
-                       ACL_MEMCPY_DEVICE_TO_HOST);
-  }}
-  for (int k = 0; k < {nin + nout + 2}; ++k)
-    if (dev[k]) aclrtFree(dev[k]);
-  if (rc != ACL_SUCCESS) return autofuse_acl_fail(a, rc, what);
-  if (a->tiling_out) std::memcpy(a->tiling_out, &t, sizeof(t));
-  return 0;
-}}
-
-#ifdef AUTOFUSE_SINGLE_KERNEL
-extern "C" int autofuse_npu_launch(const AutofuseLaunchArgs* a) {{ return {n}_launch(a); }}
-extern "C" const char* autofuse_npu_kernel_name() {{ return "{n}"; }}
-#endif
-#endif  // AUTOFUSE_WITH_ACL
-"""
+{launch_steps(n, nin, nout, nin + nout + 2, dev_args)}"""
