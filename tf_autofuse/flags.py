@@ -47,7 +47,7 @@ def _parse_path(text: str) -> str:
 
 # pointwise: the elementwise partitioner; reduce: reductions in its groups; epilogue: biases and
 # activations after convolutions and MatMuls run by TensorFlow's fused kernels; epilogue_scale:
-# per-channel scales too (BatchNormalization), which those kernels round differently
+# per-channel scales too (BatchNormalization), folded into the filter (one more kernel a step)
 PASSES = ("pointwise", "reduce", "epilogue", "epilogue_scale")
 ON_BY_DEFAULT = ("pointwise", "epilogue")
 
