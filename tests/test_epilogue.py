@@ -41,8 +41,7 @@ class Net:
             self.graphs[dtype] = g
 
     def rewrite(self, **policy):
-        """The rewrite with a Policy of `policy` (scales taken unless epilogue_scale=False)."""
-        policy.setdefault("epilogue_scale", True)
+        """The rewrite with a Policy of `policy` (the defaults: scales taken)."""
         g = self.graphs[tf.float32]
         graph_def = g.as_graph_def()
         return rewriter.rewrite(graph_def, preserve=["out", "x"], feeds=["x"],
@@ -483,15 +482,24 @@ def test_the_debug_dump_lists_epilogues_and_their_refusals(tmp_path, monkeypatch
     assert "Conv2D: Conv2D epilogue with Sigmoid" in refusals
 
 
-def test_by_default_a_scale_stays_in_a_fused_kernel_of_its_own():
-    """Without pass epilogue_scale a batch norm after a convolution is refused with its reason:
-    the convolution keeps TensorFlow's own numbers."""
-    net = Net(lambda x, c: tf.nn.relu(_batch_norm(_conv(x, c, 8), c, 8)), (1, 6, 6, 4))
+def test_scales_are_taken_by_default_and_stay_a_kernel_of_their_own_when_disabled():
+    """Pass epilogue_scale is on by default, in the flags, the API and the Policy; disabled, a
+    batch norm after a convolution is refused with its reason and stays one fused kernel that
+    computes its s and t once a run (invariants) and applies them: the convolution keeps
+    TensorFlow's own numbers."""
+    net = Net(lambda x, c: tf.nn.relu(_batch_norm(_conv(x, c, 8), c, 8)), (2, 6, 6, 4))
+    assert net.rewrite().epilogues
     result = net.rewrite(epilogue_scale=False)
     assert not result.epilogues
-    assert any("--autofuse_enable_pass=epilogue_scale" in r.reason for r in result.refusals)
-    assert "Conv2D" in _ops(result.graph_def) and "AutofuseKernel" in _ops(result.graph_def)
-    assert tf_autofuse.Fuser().config.policy().epilogue_scale is False
-    assert tf_autofuse.Fuser(passes=["pointwise", "epilogue", "epilogue_scale"]
-                             ).config.policy().epilogue_scale is True
+    assert any("pass epilogue_scale is disabled" in r.reason for r in result.refusals)
+    assert _ops(result.graph_def) == ["AutofuseKernel", "Conv2D"]
+    kernel = next(n for n in result.graph_def.node if n.op == "AutofuseKernel")
+    assert " invariant" in kernel.attr["program"].s.decode()
+    assert rewriter.Policy().epilogue_scale is True
+    assert tf_autofuse.Fuser().config.policy().epilogue_scale is True
+    assert tf_autofuse.Fuser(passes=["pointwise", "epilogue"]).config.policy().epilogue_scale \
+        is False
+    flags = tf_autofuse.flags.Flags(autofuse_disable_pass=("epilogue_scale",))
+    assert rewriter.policy_from_flags(flags).epilogue_scale is False
+    assert rewriter.policy_from_flags(tf_autofuse.flags.Flags()).epilogue_scale is True
     net.check_numbers(result)

@@ -79,7 +79,7 @@ def policy_from_flags(flags, preserve=frozenset()) -> Policy:
         pointwise="pointwise" not in disable,
         reduce="reduce" in enable and "reduce" not in disable,
         epilogue="epilogue" not in disable,
-        epilogue_scale="epilogue_scale" in enable and "epilogue_scale" not in disable,
+        epilogue_scale="epilogue_scale" not in disable,
         recomputation_threshold=int(getattr(flags, "recomputation_threshold",
                                             DEFAULTS.recomputation_threshold)),
         skip_names=frozenset(getattr(skip, "names", ()) or ()),

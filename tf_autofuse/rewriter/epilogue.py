@@ -19,10 +19,10 @@ How the map reaches the fused kernel:
                   output, so that scaling it costs less than the pass over the output it saves.
   BiasAdd         no scale: the bias c (or -m).
 
-A scale is taken only when the policy asks (pass epilogue_scale): the folded filter keeps the
-error of the graph (each W * s is rounded once, without a sign of its own), but it is one more
-kernel a step than the map fused with what computes s and t, and saves a pass over the output
-only where the output is larger than the filter. TensorFlow's own form for convolutions, the
+A scale is taken when the policy asks (pass epilogue_scale, on by default): the folded filter
+keeps the error of the graph (each W * s is rounded once, without a sign of its own); it is one
+more kernel a step than the map fused with what computes s and t, and saves a pass over the
+output, which pays where the output is larger than the filter. TensorFlow's own form for convolutions, the
 FusedBatchNorm epilogue, is not used: its kernels multiply by their own fp32 rsqrt(variance +
 epsilon) of the arguments, and TensorFlow's vectorised rsqrt errs low (rsqrt(1) is 2 ulps
 below 1), so every batch norm of a deep model would scale its output down by the same
@@ -573,9 +573,8 @@ def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool,
     node = view.node(chain.op)
     fused_op, family = _FAMILY[node.op]
     if chain.scale is not None and not scale:
-        return (f"{node.op} epilogue with a per-channel scale: taken only with "
-                "--autofuse_enable_pass=epilogue_scale (the scale folded into the filter is one "
-                "more kernel a step than the map fused with its scale's computation)")
+        return (f"{node.op} epilogue with a per-channel scale: pass epilogue_scale is "
+                "disabled")
     if chain.activation not in accepts(family):
         build = "oneDNN" if onednn() else "Eigen (oneDNN off)"
         act = chain.activation or "no activation"
