@@ -143,6 +143,23 @@ def test_a_scale_is_not_folded_into_a_filter_larger_than_the_output():
     net.check_numbers(result)
 
 
+def test_a_scale_without_activation_before_a_residual_add_stays_in_the_add_kernel():
+    """A batch norm whose output goes into an elementwise kernel anyway (ResNet's last
+    convolution of a block, before the residual Add and Relu) rides in that kernel: folding
+    its scale into the filter would be one more kernel and no pass less."""
+    def build(x, c):
+        y = _batch_norm(_conv(x, c, 4, bias=False), c, 4)
+        return tf.nn.relu(y + x)
+
+    net = Net(build, (2, 9, 9, 4))  # the filter (144) is smaller than the output (648)
+    result = net.rewrite()
+    assert not result.epilogues
+    assert any("joins the elementwise kernel reading its output" in r.reason
+               for r in result.refusals)
+    assert _ops(result.graph_def) == ["AutofuseKernel", "Conv2D"]
+    net.check_numbers(result)
+
+
 def test_a_deep_stack_of_scaled_convolutions_keeps_the_unfused_error():
     """Sixteen Conv2D + BatchNormalization + Relu layers, the batch norms without a shift (as
     Keras initialises them), so that a relative error of one sign in each layer's scale adds

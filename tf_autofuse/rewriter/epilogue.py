@@ -16,7 +16,9 @@ without s and t, Sub of one the form with m alone.
 How the map reaches the fused kernel:
   folded scale    the filter W * s and the bias c * s + t (or t - m * s), computed each step by
                   graph nodes, then BiasAdd: only where the filter has fewer elements than the
-                  output, so that scaling it costs less than the pass over the output it saves.
+                  output, so that scaling it costs less than the pass over the output it saves,
+                  and not for a map without an activation whose output goes into elementwise
+                  nodes only (a residual Add): their kernel takes the map at no pass of its own.
   BiasAdd         no scale: the bias c (or -m).
 
 A scale is taken when the policy asks (pass epilogue_scale, on by default): the folded filter
@@ -583,6 +585,11 @@ def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool,
     if chain.scale is not None and not _fold_pays(view, chain):
         return (f"{node.op} epilogue: scaling the filter each step would cost more than the "
                 "pass over the output it saves")
+    if chain.scale is not None and not chain.activation and _read_by_elementwise(
+            view, chain.nodes[-1], protected):
+        return (f"{node.op} epilogue: its map without an activation joins the elementwise "
+                "kernel reading its output (a residual Add) at no pass of its own; scaling the "
+                "filter would add a kernel and save nothing")
     last = chain.nodes[-1]
     base = f"{last}/epilogue"
     device = node.device
@@ -679,6 +686,22 @@ def _matrices(view: GraphView, editor: _Editor, chain: _Chain, base: str, inputs
         right = editor.node(f"{base}/matrix", "Reshape", [right, target], device, matrix,
                             T=types_pb2.DT_FLOAT, Tshape=types_pb2.DT_INT32)
     return [left, right]
+
+
+def _read_by_elementwise(view: GraphView, name: str, protected: frozenset) -> bool:
+    """Whether every reader of `name`'s value is an elementwise node the partitioner may fuse
+    it with (same device), so that a map computed by `name`'s chain would ride in their kernel
+    instead of making a pass of its own."""
+    consumers = view.data_consumers(name)
+    if name in protected or not consumers or view.control_consumers(name):
+        return False
+    device = view.node(name).device
+    for reader, _, _ in consumers:
+        entry = catalog.tf_op(view.node(reader).op)
+        if (entry is None or entry.kind not in (catalog.ELEMENTWISE, catalog.BROADCAST)
+                or view.node(reader).device != device):
+            return False
+    return True
 
 
 def _fold_pays(view: GraphView, chain: _Chain) -> bool:
