@@ -24,11 +24,11 @@ How the map reaches the fused kernel:
 A scale is taken when the policy asks (pass epilogue_scale, on by default): the folded filter
 keeps the error of the graph (each W * s is rounded once, without a sign of its own); it is one
 more kernel a step than the map fused with what computes s and t, and saves a pass over the
-output, which pays where the output is larger than the filter. TensorFlow's own form for convolutions, the
-FusedBatchNorm epilogue, is not used: its kernels multiply by their own fp32 rsqrt(variance +
-epsilon) of the arguments, and TensorFlow's vectorised rsqrt errs low (rsqrt(1) is 2 ulps
-below 1), so every batch norm of a deep model would scale its output down by the same
-fraction.
+output, which pays where the output is larger than the filter. TensorFlow's own form for
+convolutions, the FusedBatchNorm epilogue, is not used: its kernels multiply by their own fp32
+rsqrt(variance + epsilon) of the arguments, and TensorFlow's vectorised rsqrt errs low
+(rsqrt(1) is 2 ulps below 1), so every batch norm of a deep model would scale its output down
+by the same fraction.
 
 A fused operator left as it is reads its bias from the [C] vector behind view nodes (Keras
 reshapes a convolution's bias to [1, 1, 1, C], TensorFlow's remapper squeezes it back): two
