@@ -47,9 +47,9 @@ def _parse_path(text: str) -> str:
 
 # pointwise: the elementwise partitioner; reduce: reductions in its groups; epilogue: biases and
 # activations after convolutions and MatMuls run by TensorFlow's fused kernels; epilogue_scale:
-# per-channel scales too (BatchNormalization), which those kernels round differently
+# per-channel scales too (BatchNormalization), folded into the filter where it is the smaller
 PASSES = ("pointwise", "reduce", "epilogue", "epilogue_scale")
-ON_BY_DEFAULT = ("pointwise", "epilogue")
+ON_BY_DEFAULT = ("pointwise", "epilogue", "epilogue_scale")
 
 
 def _parse_passes(text: str) -> tuple:
@@ -253,7 +253,8 @@ class Flags:
         return dataclasses.replace(self, **values)
 
     def pass_enabled(self, name: str) -> bool:
-        """pointwise and epilogue: unless disabled; reduce: when enabled and not disabled."""
+        """pointwise, epilogue, epilogue_scale: unless disabled; reduce: when enabled and not
+        disabled."""
         if name in self.autofuse_disable_pass:
             return False
         return name in ON_BY_DEFAULT or name in self.autofuse_enable_pass

@@ -31,7 +31,7 @@ from .graph import GraphView, Shape, node_name
 from .lower import Unfusible, build, keeps_name, reads_view_node
 from .naming import Namer
 from .output_views import absorb_output_views
-from .epilogue import Epilogue, fuse_epilogues
+from .epilogue import OPERATORS, Epilogue, fuse_epilogues
 from .partition import Policy, Refusal, find_groups, lowering, plan_recomputation
 from .patterns import Pattern, PatternGraph, apply_patterns
 from .splice import FUSED_OP, Planned, splice
@@ -79,7 +79,7 @@ def policy_from_flags(flags, preserve=frozenset()) -> Policy:
         pointwise="pointwise" not in disable,
         reduce="reduce" in enable and "reduce" not in disable,
         epilogue="epilogue" not in disable,
-        epilogue_scale="epilogue_scale" in enable and "epilogue_scale" not in disable,
+        epilogue_scale="epilogue_scale" not in disable,
         recomputation_threshold=int(getattr(flags, "recomputation_threshold",
                                             DEFAULTS.recomputation_threshold)),
         skip_names=frozenset(getattr(skip, "names", ()) or ()),
@@ -141,22 +141,25 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         copy.CopyFrom(source)
         return copy
 
-    def without_groups() -> graph_pb2.GraphDef:  # no group fused: the epilogues alone, if any
-        return refold_graph(graph_def, unfolded) if taken else unchanged()
+    def without_groups() -> graph_pb2.GraphDef:  # no group fused: the epilogue pass's graph
+        return refold_graph(graph_def, unfolded) if rewired else unchanged()
 
-    candidates = catalog.candidate_op_types() | FOLDED_OPS
     auto = policy.auto and policy.pointwise
     epilogues = policy.auto and policy.epilogue
+    candidates = catalog.candidate_op_types() | FOLDED_OPS | (OPERATORS if epilogues
+                                                              else frozenset())
     if policy.max_fusion_size <= 0 or not (auto or patterns or epilogues) or not any(
             node.op in candidates for node in source.node):
         return Rewrite(unchanged(), [], [])
 
     errors.phase("unfold")
     graph_def, shapes, unfolded = unfold_graph(source, shapes)
-    epilogue_refusals, taken = [], []
+    epilogue_refusals, taken, rewired = [], [], False
     if epilogues:
         errors.phase("epilogues")
+        before = graph_def
         graph_def, shapes, taken, epilogue_refusals = fuse_epilogues(graph_def, shapes, policy)
+        rewired = graph_def is not before  # epilogues taken, or fused operators' biases rewired
     view = GraphView(graph_def, shapes)
 
     computed: set = set()  # members of the partitioner's groups: never read through

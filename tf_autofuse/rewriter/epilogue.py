@@ -14,20 +14,25 @@ which TensorFlow's remapper does not see; a BiasAdd or Add of a channel vector i
 without s and t, Sub of one the form with m alone.
 
 How the map reaches the fused kernel:
-  FusedBatchNorm  (Conv2D) args (scale s, offset t', mean m, variance 1), epsilon 0: TensorFlow
-                  computes (v - m) * (rsqrt(1 + 0) * s) + t'. An added channel vector c (the
-                  convolution's own bias) moves into the offset, t' = c * s + t, computed by
-                  graph nodes the partitioner fuses with whatever computes s and t. The filter
-                  is untouched, so no per-step copy of the weights.
-  folded scale    (DepthwiseConv2dNative, MatMul) the filter W * s and the bias c * s + t (or
-                  t - m * s), computed each step by graph nodes, then BiasAdd: only where the
-                  filter has fewer elements than the output, so that scaling it costs less than
-                  the pass over the output it saves.
+  folded scale    the filter W * s and the bias c * s + t (or t - m * s), computed each step by
+                  graph nodes, then BiasAdd: only where the filter has fewer elements than the
+                  output, so that scaling it costs less than the pass over the output it saves,
+                  and not for a map without an activation whose output goes into elementwise
+                  nodes only (a residual Add): their kernel takes the map at no pass of its own.
   BiasAdd         no scale: the bias c (or -m).
 
-A scale is taken only when the policy asks (pass epilogue_scale): TensorFlow's convolution with
-a FusedBatchNorm epilogue, and a filter scaled before the convolution, round differently from
-the graph, and a deep model's error against float64 then grows past unfused TensorFlow's.
+A scale is taken when the policy asks (pass epilogue_scale, on by default): the folded filter
+keeps the error of the graph (each W * s is rounded once, without a sign of its own); it is one
+more kernel a step than the map fused with what computes s and t, and saves a pass over the
+output, which pays where the output is larger than the filter. TensorFlow's own form for
+convolutions, the FusedBatchNorm epilogue, is not used: its kernels multiply by their own fp32
+rsqrt(variance + epsilon) of the arguments, and TensorFlow's vectorised rsqrt errs low
+(rsqrt(1) is 2 ulps below 1), so every batch norm of a deep model would scale its output down
+by the same fraction.
+
+A fused operator left as it is reads its bias from the [C] vector behind view nodes (Keras
+reshapes a convolution's bias to [1, 1, 1, C], TensorFlow's remapper squeezes it back): two
+kernels a step less, the same bits.
 
 The activation is recognised by its values (`ACTIVATIONS`): the elementwise nodes after the map
 are evaluated with the op table's references on probe values, so a GELU through Erf, Erfc or
@@ -73,11 +78,11 @@ _FAMILY = {
     # one matrix multiplication in another form (einsum.py): read as a MatMul between Reshapes
     **{op: ("_FusedMatMul", "matmul") for op in einsum.OPS},
 }
+OPERATORS = frozenset(_FAMILY)  # the op types whose epilogues this pass takes
 SWISH = "_MklSwish"
 _PLAIN_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
 
-# family -> activations its fused kernel applies after a BiasAdd (after FusedBatchNorm: the same,
-# for convolutions only); "" is none.
+# family -> activations its fused kernel applies after a BiasAdd; "" is none.
 _EIGEN = {
     "conv": frozenset({"", "Relu", "Relu6", "Elu", "LeakyRelu"}),
     "depthwise": frozenset(),  # no CPU kernel without oneDNN
@@ -223,27 +228,52 @@ def fuse_epilogues(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, 
     protected = frozenset(policy.preserve | policy.feeds | policy.skip_names) | {
         node.name for node in view.nodes
         if node.op in policy.skip_types or scope.disabled(node)}
-    done, refusals = [], []
+    done, refusals, rewired = [], [], False
     for name in view.order:
         if view.node(name).op not in _FAMILY or name in editor.removed or name in protected:
             continue
         chain, reason = _chain(view, name, protected)
-        if chain is None:
+        if chain is not None:
+            reason = _rewrite(view, editor, chain, policy.epilogue_scale, protected)
+        if chain is None or reason:
             if reason:
                 refusals.append(Refusal(name, reason))
-            continue
-        reason = _rewrite(view, editor, chain, policy.epilogue_scale, protected)
-        if reason:
-            refusals.append(Refusal(name, reason))
+            rewired |= _bias_through_views(view, editor, name, protected)
         else:
             fused = editor.replaced[name if chain.reshape or chain.product
                                     else chain.nodes[-1]]
             replaced = [name, *(n for n in chain.nodes if n != chain.reshape)]
             done.append(Epilogue(fused.name, fused.op, tuple(replaced),
                                  tuple(s.decode() for s in fused.attr["fused_ops"].list.s)))
-    if not done:
+    if not done and not rewired:
         return graph_def, shapes, [], refusals
     return editor.graph(graph_def, protected), editor.shapes, done, refusals
+
+
+def _bias_through_views(view: GraphView, editor: _Editor, name: str, protected) -> bool:
+    """Whether TensorFlow's fused operator `name`, left as it is, now reads its bias from the
+    [C] vector view nodes reshaped into it: Keras reshapes a convolution's [C] bias to
+    [1, 1, 1, C] and TensorFlow's remapper squeezes it back to [C] for its fused kernel, two
+    kernels a step that copy [C] values. The values are the same bits."""
+    node = view.node(name)
+    if (not node.op.startswith("_") or not node.attr["fused_ops"].list.s
+            or node.attr["fused_ops"].list.s[0] != b"BiasAdd"
+            or len(view.data_inputs(name)) < 3):
+        return False
+    bias = view.data_inputs(name)[2]
+    shape = view.tensor_shape(bias)
+    if shape is None or len(shape) != 1 or shape[0] < 0:
+        return False
+    vector = _through_views(view, bias, tuple(shape), protected)
+    if (vector == bias or editor.shape(vector) != tuple(shape)
+            or view.node(vector[0]).device != node.device):
+        return False
+    rewired = node_def_pb2.NodeDef()
+    rewired.CopyFrom(node)
+    data = [k for k, text in enumerate(rewired.input) if not text.startswith("^")]
+    rewired.input[data[2]] = tensor_name(vector)
+    editor.replaced[name] = rewired
+    return True
 
 
 # --- matching ---------------------------------------------------------------------------------
@@ -545,17 +575,21 @@ def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool,
     node = view.node(chain.op)
     fused_op, family = _FAMILY[node.op]
     if chain.scale is not None and not scale:
-        return (f"{node.op} epilogue with a per-channel scale: taken only with "
-                "--autofuse_enable_pass=epilogue_scale (TensorFlow's FusedBatchNorm and a scaled "
-                "filter round differently from the graph: a model's error against float64 grows)")
+        return (f"{node.op} epilogue with a per-channel scale: pass epilogue_scale is "
+                "disabled")
     if chain.activation not in accepts(family):
         build = "oneDNN" if onednn() else "Eigen (oneDNN off)"
         act = chain.activation or "no activation"
         return (f"{node.op} epilogue with {act}: TensorFlow's {fused_op} ({build}) does not "
                 "apply it")
-    if chain.scale is not None and family != "conv" and not _fold_pays(view, chain):
+    if chain.scale is not None and not _fold_pays(view, chain):
         return (f"{node.op} epilogue: scaling the filter each step would cost more than the "
                 "pass over the output it saves")
+    if chain.scale is not None and not chain.activation and _read_by_elementwise(
+            view, chain.nodes[-1], protected):
+        return (f"{node.op} epilogue: its map without an activation joins the elementwise "
+                "kernel reading its output (a residual Add) at no pass of its own; scaling the "
+                "filter would add a kernel and save nothing")
     last = chain.nodes[-1]
     base = f"{last}/epilogue"
     device = node.device
@@ -574,21 +608,6 @@ def _rewrite(view: GraphView, editor: _Editor, chain: _Chain, scale: bool,
                                                            np.zeros(chain.channels, np.float32),
                                                            device))
         args = [bias]
-    elif family == "conv":
-        fused_ops = ["FusedBatchNorm"]
-        # the offset is computed in the shapes the graph gives s and t, so that the partitioner
-        # fuses it with what computes them; the vectors are views of that kernel's outputs
-        offset = chain.shift
-        if chain.add is not None:
-            moved = _binary(view, editor, f"{base}/moved_bias", "Mul", chain.add, chain.scale,
-                            device)
-            offset = moved if offset is None else _binary(view, editor, f"{base}/offset",
-                                                          "AddV2", moved, offset, device)
-        zeros = editor.const(f"{base}/zeros", np.zeros(chain.channels, np.float32), device)
-        ones = editor.const(f"{base}/ones", np.ones(chain.channels, np.float32), device)
-        mean = vec(chain.sub, "mean") if chain.sub is not None else zeros
-        args = [vec(chain.scale, "scale"), vec(offset, "offset") if offset is not None else zeros,
-                mean, ones]
     else:
         fused_ops = ["BiasAdd"]
         inputs = [inputs[0], _folded_filter(view, editor, chain, base, inputs[1])]
@@ -669,6 +688,22 @@ def _matrices(view: GraphView, editor: _Editor, chain: _Chain, base: str, inputs
     return [left, right]
 
 
+def _read_by_elementwise(view: GraphView, name: str, protected: frozenset) -> bool:
+    """Whether every reader of `name`'s value is an elementwise node the partitioner may fuse
+    it with (same device), so that a map computed by `name`'s chain would ride in their kernel
+    instead of making a pass of its own."""
+    consumers = view.data_consumers(name)
+    if name in protected or not consumers or view.control_consumers(name):
+        return False
+    device = view.node(name).device
+    for reader, _, _ in consumers:
+        entry = catalog.tf_op(view.node(reader).op)
+        if (entry is None or entry.kind not in (catalog.ELEMENTWISE, catalog.BROADCAST)
+                or view.node(reader).device != device):
+            return False
+    return True
+
+
 def _fold_pays(view: GraphView, chain: _Chain) -> bool:
     filter_shape = view.tensor_shape(view.data_inputs(chain.op)[1])
     out_shape = view.output_shape(chain.op)
@@ -721,8 +756,14 @@ def _folded_filter(view: GraphView, editor: _Editor, chain: _Chain, base: str,
         layout = (1, 1, w_shape[2], w_shape[3])
     elif transpose_b:  # [N, K]
         layout = (chain.channels, 1)
-    else:  # [K, N]
-        layout = (1, chain.channels)
+    else:  # [H, W, in, C] or [K, C]: s broadcasts along the last axis as it is
+        layout = (1,) * (len(w_shape) - 1) + (chain.channels,)
+        shape = editor.shape(chain.scale)
+        if shape is not None and len(shape) <= len(w_shape) and _over(shape, layout[-1:]):
+            # no Reshape between the kernel computing s and this Mul: the partitioner fuses
+            # them, and W * s is one more output of that kernel
+            return editor.node(f"{base}/filter", "Mul", [weights, chain.scale], node.device,
+                               w_shape, T=types_pb2.DT_FLOAT)
     target = editor.const(f"{base}/scale_layout", np.array(layout, np.int32), node.device)
     scale = editor.node(f"{base}/filter_scale", "Reshape", [chain.scale, target], node.device,
                         layout, T=types_pb2.DT_FLOAT, Tshape=types_pb2.DT_INT32)

@@ -52,7 +52,7 @@ class Policy:
     pointwise: bool = True
     reduce: bool = False
     epilogue: bool = True  # convolutions' and MatMuls' epilogues into TF's fused kernels
-    epilogue_scale: bool = False  # ... with a per-channel scale (FusedBatchNorm, scaled filters)
+    epilogue_scale: bool = True  # ... with a per-channel scale (folded into the filter)
     recomputation_threshold: int = 0
     skip_names: frozenset = frozenset()
     skip_types: frozenset = frozenset()
