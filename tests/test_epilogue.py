@@ -520,3 +520,71 @@ def test_scales_are_taken_by_default_and_stay_a_kernel_of_their_own_when_disable
     assert rewriter.policy_from_flags(flags).epilogue_scale is False
     assert rewriter.policy_from_flags(tf_autofuse.flags.Flags()).epilogue_scale is True
     net.check_numbers(result)
+
+
+# --- zero padding read as the convolution's own (rewriter/pads.py) ----------------------------
+
+
+def _padded_conv(x, c, pads=((0, 0), (3, 3), (2, 1), (0, 0)), v2=False, stride=2):
+    padded = (tf.raw_ops.PadV2(input=x, paddings=pads, constant_values=c(0.0)) if v2
+              else tf.pad(x, pads))
+    y = tf.nn.conv2d(padded, c(_values(3, 3, x.shape[-1], 8)), stride, "VALID")
+    return tf.nn.relu(tf.nn.bias_add(y, c(_values(8))))
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["Pad", "PadV2"])
+def test_a_zero_pad_becomes_the_convolutions_explicit_padding(v2):
+    """Keras' ZeroPadding2D before a "valid" Conv2D: the Pad leaves the graph, the fused
+    convolution pads by itself, and the result is the same bits as TensorFlow's Pad + Conv2D."""
+    net = Net(lambda x, c: _padded_conv(x, c, v2=v2), (2, 11, 10, 4))
+    result = net.rewrite()
+    assert "Pad" not in _ops(result.graph_def) and "PadV2" not in _ops(result.graph_def)
+    (conv,) = [n for n in result.graph_def.node if n.op == "_FusedConv2D"]
+    assert conv.attr["padding"].s == b"EXPLICIT"
+    assert list(conv.attr["explicit_paddings"].list.i) == [0, 0, 3, 3, 2, 1, 0, 0]
+    assert _node(result.graph_def, conv.input[0].split(":")[0]).op == "Placeholder"
+    net.check_numbers(result)
+    # the same fused convolution after the Pad node (kept: preserved): the same bits with
+    # Eigen's kernels; oneDNN's choose their algorithm by the padding, so only as accurate
+    g = net.graphs[tf.float32]
+    graph_def = g.as_graph_def()
+    pad = next(n.name for n in graph_def.node if n.op in ("Pad", "PadV2"))
+    kept = rewriter.rewrite(graph_def, preserve=["out", "x", pad], feeds=["x"],
+                            shapes=static_shapes(graph_def, g), policy=rewriter.Policy())
+    assert any(n.op in ("Pad", "PadV2") for n in kept.graph_def.node)
+    folded, padded = net.run(result.graph_def), net.run(kept.graph_def)
+    if epilogue.onednn():
+        np.testing.assert_allclose(folded, padded, rtol=2e-5, atol=2e-6)
+    else:
+        np.testing.assert_array_equal(folded, padded)
+
+
+def test_pads_a_convolution_cannot_take_stay():
+    """A Pad read by two nodes, one of a non-zero constant and one before a depthwise
+    convolution stay as they are. (A Pad of the channels, also left alone, is not run here:
+    oneDNN's own Pad + Conv2D fusion fails on it in TensorFlow 2.21.)"""
+    def build(x, c):
+        shared = tf.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        a = tf.nn.conv2d(shared, c(_values(3, 3, 4, 4)), 1, "VALID") + shared[:, 1:-1, 1:-1, :]
+        ones = tf.nn.conv2d(tf.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=1.0),
+                            c(_values(3, 3, 4, 4)), 1, "VALID")
+        depthwise = tf.nn.depthwise_conv2d(tf.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0))),
+                                           c(_values(3, 3, 4, 1)), (1, 1, 1, 1), "VALID")
+        return a + ones + depthwise
+    net = Net(build, (2, 7, 7, 4))
+    result = net.rewrite()
+    pads = [n for n in result.graph_def.node if n.op in ("Pad", "PadV2")]
+    assert len(pads) == 3, _ops(result.graph_def)
+    assert all(n.attr["padding"].s == b"VALID" for n in result.graph_def.node
+               if n.op in ("Conv2D", "_FusedConv2D", "DepthwiseConv2dNative"))
+    net.check_numbers(result)
+
+
+def test_a_pad_of_the_channels_stays():
+    """Structure only: TensorFlow's oneDNN build fails to run this graph unfused (above)."""
+    net = Net(lambda x, c: tf.nn.conv2d(tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1))),
+                                        c(_values(3, 3, 6, 4)), 1, "VALID"), (2, 7, 7, 4))
+    result = net.rewrite()
+    assert "Pad" in _ops(result.graph_def)
+    (conv,) = [n for n in result.graph_def.node if n.op == "Conv2D"]
+    assert conv.attr["padding"].s == b"VALID"

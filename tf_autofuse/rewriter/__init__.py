@@ -7,6 +7,7 @@
     patterns.py   user patterns (Pattern), run before the partitioner
     epilogue.py   convolutions' and MatMuls' per-channel maps and activations, handed to
                   TensorFlow's own fused kernels (_FusedConv2D, ...), run before the partitioner
+    pads.py       a zero Pad before a convolution read as the convolution's explicit padding
     unfold.py     TensorFlow's fused elementwise nodes (oneDNN's _MklSwish) read as their ops
     lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
     output_views.py  a Reshape (Squeeze, ExpandDims) of a fused output stored as its view
@@ -32,6 +33,7 @@ from .lower import Unfusible, build, keeps_name, reads_view_node
 from .naming import Namer
 from .output_views import absorb_output_views
 from .epilogue import OPERATORS, Epilogue, fuse_epilogues
+from .pads import fold_pads
 from .partition import Policy, Refusal, find_groups, lowering, plan_recomputation
 from .patterns import Pattern, PatternGraph, apply_patterns
 from .splice import FUSED_OP, Planned, splice
@@ -156,10 +158,13 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
     graph_def, shapes, unfolded = unfold_graph(source, shapes)
     epilogue_refusals, taken, rewired = [], [], False
     if epilogues:
-        errors.phase("epilogues")
+        errors.phase("pads")
         before = graph_def
+        graph_def, shapes, _ = fold_pads(graph_def, shapes, policy)
+        errors.phase("epilogues")
         graph_def, shapes, taken, epilogue_refusals = fuse_epilogues(graph_def, shapes, policy)
-        rewired = graph_def is not before  # epilogues taken, or fused operators' biases rewired
+        # epilogues taken, fused operators' biases rewired, or pads folded into convolutions
+        rewired = graph_def is not before
     view = GraphView(graph_def, shapes)
 
     computed: set = set()  # members of the partitioner's groups: never read through
