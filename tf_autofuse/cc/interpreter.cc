@@ -564,6 +564,7 @@ absl::Status Interpreter::Prepare(const std::vector<std::vector<int64_t>>& input
     run->outputs[k] = std::move(view);
   }
   run->plans = &PlansFor(run->broadcast);
+  SplitRun(run);
   return absl::OkStatus();
 }
 
@@ -590,24 +591,108 @@ int64_t BlocksPerTile(const RunShape& run, int64_t tile) {
   if (run.inner == 1 || run.inner * kRowsPerTileMin > tile) return 1;
   return tile / run.inner;
 }
-}  // namespace
 
-int64_t Interpreter::NumItems(const RunShape& run) const {
-  const int64_t tile = run.plans->tile_size;
-  if (!program_.has_reductions()) return (run.num_elements + tile - 1) / tile;
+// Work items of a reduction that is not split: one per outer index and inner chunk, or per
+// group of rows.
+int64_t ReductionItems(const RunShape& run, int64_t tile) {
   const int64_t group = RowsPerItem(run, tile);
   if (group > 1) return (run.outer + group - 1) / group;
   const int64_t chunks = run.inner == 1 ? 1 : (run.inner + tile - 1) / tile;
   return run.outer * chunks;
 }
 
-int64_t Interpreter::TotalCost(const RunShape& run) const {
-  const int64_t passes = program_.num_levels + 1;
-  return std::max<int64_t>(run.num_elements, 1) * cost_per_element_ * passes;
+// Elements of one buffer of a reduced value or accumulator that a split run shares between its
+// phases: a row reduction's lanes, or an item's inner chunk (padded).
+int64_t SplitUnit(const RunShape& run, int64_t tile) {
+  return (std::min(tile, run.inner) + kPad - 1) / kPad * kPad;
+}
+}  // namespace
+
+// Split runs. A reduction with fewer work items than kSplitItems would leave threads idle:
+// BatchNorm's statistics over N*H*W rows of C <= 4096 channels are ONE item (one outer index,
+// one inner chunk), so the kernel and every elementwise op fused into it ran on one thread. Its R
+// is then cut into blocks, each pass of each block a work item of its own, the blocks' partial
+// accumulators folded in block order before each finalize. The number of blocks depends on the
+// shapes alone (up to kSplitItems items in all, each block at least kSplitElements elements), so
+// a result is the same bits for any thread count, as for runs that are not split. Blocks start
+// where the tiles of the run would: at whole tiles of a row (row reductions, whose lanes are
+// positions mod kLanes) or whole tiles of inner blocks (column groups). Not split: row groups
+// (short rows, already many per item), kept rows (values kept between passes of one item), and
+// products: partial products of blocks may overflow and underflow where the running product does
+// not (inf * 0 = NaN where the product of the row is inf).
+constexpr int64_t kSplitItems = 8;
+constexpr int64_t kSplitElements = int64_t{1} << 16;
+
+void Interpreter::SplitRun(RunShape* run) const {
+  run->split = 1;
+  run->split_rows = 0;
+  const int64_t tile = run->plans->tile_size;
+  if (!program_.has_reductions() || run->reduce < 2 || RowsPerItem(*run, tile) > 1 ||
+      KeptRowTiles(*run, *run->plans) > 0) {
+    return;
+  }
+  for (const Instruction& inst : program_.instructions) {
+    if (inst.op == OpCode::kProd) return;
+  }
+  const int64_t items = ReductionItems(*run, tile);
+  if (items == 0 || items >= kSplitItems) return;
+  const int64_t blocks = BlocksPerTile(*run, tile);
+  const int64_t step = run->inner == 1 ? tile : blocks;  // r per tile
+  const int64_t per_r = run->inner == 1 ? 1 : std::min(tile, run->inner);
+  const int64_t by_size = run->reduce * per_r / kSplitElements;
+  const int64_t want = std::min((kSplitItems + items - 1) / items, by_size);
+  if (want < 2) return;
+  const int64_t tiles = (run->reduce + step - 1) / step;
+  const int64_t rows = (tiles + want - 1) / want * step;
+  const int64_t split = (run->reduce + rows - 1) / rows;
+  if (split < 2) return;
+  run->split = split;
+  run->split_rows = rows;
 }
 
-int64_t Interpreter::CostPerItem(const RunShape& run) const {
-  return TotalCost(run) / std::max<int64_t>(NumItems(run), 1) + 1;
+std::vector<Phase> Interpreter::Phases(const RunShape& run) const {
+  if (run.split == 1) return {Phase{}};
+  std::vector<Phase> phases;
+  if (!run.plans->finalize[0].empty()) phases.push_back({Phase::Kind::kFinalize, 0});
+  for (int p = 1; p <= program_.num_levels; ++p) {
+    phases.push_back({Phase::Kind::kAccumulate, p});
+    phases.push_back({Phase::Kind::kFinalize, p});
+  }
+  if (run.plans->has_final) phases.push_back({Phase::Kind::kFinal, 0});
+  return phases;
+}
+
+int64_t Interpreter::SharedBytes(const RunShape& run) const {
+  if (run.split == 1) return 0;
+  const PlanSet& plans = *run.plans;
+  const int64_t items = ReductionItems(run, plans.tile_size);
+  const int64_t buffer = SplitUnit(run, plans.tile_size) * sizeof(double);
+  return items * (plans.num_reduced + run.split * plans.num_accumulators * 2) * buffer;
+}
+
+int64_t Interpreter::NumItems(const RunShape& run, Phase phase) const {
+  const int64_t tile = run.plans->tile_size;
+  if (!program_.has_reductions()) return (run.num_elements + tile - 1) / tile;
+  const int64_t items = ReductionItems(run, tile);
+  return phase.kind == Phase::Kind::kAll || phase.kind == Phase::Kind::kFinalize
+             ? items
+             : items * run.split;
+}
+
+int64_t Interpreter::TotalCost(const RunShape& run, Phase phase) const {
+  const int64_t elements = std::max<int64_t>(run.num_elements, 1);
+  switch (phase.kind) {
+    case Phase::Kind::kAll:
+      return elements * cost_per_element_ * (program_.num_levels + 1);
+    case Phase::Kind::kFinalize:  // the partials of every block, then a reduced-space pass
+      return (Product(run.reduced) * (run.split + 1) + 1) * cost_per_element_;
+    default:
+      return elements * cost_per_element_;
+  }
+}
+
+int64_t Interpreter::CostPerItem(const RunShape& run, Phase phase) const {
+  return TotalCost(run, phase) / std::max<int64_t>(NumItems(run, phase), 1) + 1;
 }
 
 // Per input, for this thread's call: a broadcast input that repeats one row over the rest (a
@@ -644,8 +729,8 @@ const float* const* RepeatedRows(const RunShape& run, const IoBuffers& io, int64
   return any ? repeated.data() : nullptr;
 }
 
-void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t first,
-                           int64_t last) const {
+void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t first, int64_t last,
+                           Phase phase) const {
   const PlanSet& plans = *run.plans;
   const bool stream = run.num_elements * plans.output_bytes >= kStreamBytes;
   const int64_t tile = plans.tile_size;
@@ -677,7 +762,29 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
   } else {
     const int64_t inner = run.inner, reduce = run.reduce;
     const int64_t chunks = inner == 1 ? 1 : (inner + tile - 1) / tile;
-    for (int64_t item = first; item < last; ++item) {
+    const int64_t accumulated = frame.lanes && !frame.rows ? kLanes : 0;  // else reduced_count
+    // A split run's shared memory: per item its reduced buffers, then per item and block its
+    // accumulators (each with its compensation), every buffer `unit` elements of 8 bytes.
+    const int64_t unit_bytes = SplitUnit(run, tile) * int64_t{sizeof(double)};
+    const int64_t items = ReductionItems(run, tile);
+    auto shared_reduced = [&](int64_t item, int index) {
+      return io.shared + (item * plans.num_reduced + index) * unit_bytes;
+    };
+    auto shared_partial = [&](int64_t item, int64_t b, int index) {
+      return io.shared + items * plans.num_reduced * unit_bytes +
+             ((item * run.split + b) * plans.num_accumulators + index) * 2 * unit_bytes;
+    };
+    auto accumulator = [&](const Step& finalize) {
+      return scratch + plans.accumulator_offset + finalize.src[0].index * 2 * plans.buffer_bytes;
+    };
+    for (int64_t task = first; task < last; ++task) {
+      const bool blocked =
+          phase.kind == Phase::Kind::kAccumulate || phase.kind == Phase::Kind::kFinal;
+      const int64_t item = blocked ? task / run.split : task;
+      const int64_t b = blocked ? task % run.split : 0;
+      // The r of this task: a block of a split run, all of R otherwise.
+      const int64_t r_begin = blocked ? b * run.split_rows : 0;
+      const int64_t r_end = blocked ? std::min(reduce, r_begin + run.split_rows) : reduce;
       const int64_t o = frame.rows ? item * group : item / chunks;
       const int64_t i0 = frame.rows ? 0 : (item % chunks) * tile;
       // Reduced elements of this item: an inner chunk, or (row-group mode) rows.
@@ -685,21 +792,22 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
           frame.rows ? std::min(group, run.outer - o) : std::min(tile, inner - i0);
       const int64_t reduced_offset = o * inner + i0;
       const int64_t reduced_count = (width + kPad - 1) / kPad * kPad;
-      // Every full tile of this item, in order.
+      const int64_t count = accumulated > 0 ? accumulated : reduced_count;
+      // Every full tile of this item from r_begin to r_end, in order.
       auto for_tiles = [&](const PassSchedules& s, bool streaming) {
         if (frame.rows) {
           full_tile(s, streaming, o * reduce, width * reduce);
         } else if (frame.cols) {
-          for (int64_t r0 = 0; r0 < reduce; r0 += blocks) {
+          for (int64_t r0 = r_begin; r0 < r_end; r0 += blocks) {
             full_tile(s, streaming, (o * reduce + r0) * inner,
-                      std::min(blocks, reduce - r0) * inner);
+                      std::min(blocks, r_end - r0) * inner);
           }
         } else if (frame.lanes) {
-          for (int64_t r0 = 0; r0 < reduce; r0 += tile) {
-            full_tile(s, streaming, o * reduce + r0, std::min(tile, reduce - r0));
+          for (int64_t r0 = r_begin; r0 < r_end; r0 += tile) {
+            full_tile(s, streaming, o * reduce + r0, std::min(tile, r_end - r0));
           }
         } else {
-          for (int64_t r = 0; r < reduce; ++r) {
+          for (int64_t r = r_begin; r < r_end; ++r) {
             full_tile(s, streaming, (o * reduce + r) * inner + i0, width);
           }
         }
@@ -708,34 +816,100 @@ void Interpreter::RunItems(const RunShape& run, const IoBuffers& io, int64_t fir
         const Schedule& s = plans.finalize[level];
         if (!s.empty()) RunSchedule(s, frame, true, reduced_offset, width, reduced_count);
       };
-      finalize(0);
-      for (int p = 1; p <= program_.num_levels; ++p) {
-        for (const Step& step : plans.finalize[p].steps) {
+      auto init_accumulators = [&](int level) {
+        for (const Step& step : plans.finalize[level].steps) {
           if (step.kind != Step::Kind::kFinalize) continue;
-          char* acc = scratch + plans.accumulator_offset +
-                      step.src[0].index * 2 * plans.buffer_bytes;
-          InitAccumulator(step, acc, acc + plans.buffer_bytes,
-                          frame.lanes && !frame.rows ? kLanes : reduced_count);
+          char* acc = accumulator(step);
+          InitAccumulator(step, acc, acc + plans.buffer_bytes, count);
         }
-        for_tiles(frame.rows   ? plans.rows_accumulate[p - 1]
-                  : frame.cols ? plans.cols_accumulate[p - 1]
-                  : kept_rows  ? plans.kept_row_accumulate[p - 1]
-                               : plans.accumulate[p - 1],
+      };
+      auto accumulate = [&](int level) {
+        for_tiles(frame.rows   ? plans.rows_accumulate[level - 1]
+                  : frame.cols ? plans.cols_accumulate[level - 1]
+                  : kept_rows  ? plans.kept_row_accumulate[level - 1]
+                               : plans.accumulate[level - 1],
                   false);
-        finalize(p);
-      }
-      if (plans.has_final) {
+      };
+      auto final_pass = [&] {
         for_tiles(frame.rows   ? plans.rows_final
                   : frame.cols ? plans.cols_final
                   : kept_rows  ? plans.kept_row_final
                                : plans.final,
                   stream);
+      };
+      // Reduced buffers between the thread's scratch and the split run's shared memory.
+      auto reduced_buffers = [&](bool load) {
+        const int64_t bytes = reduced_count * int64_t{sizeof(double)};
+        for (int k = 0; k < plans.num_reduced; ++k) {
+          char* mine = scratch + plans.reduced_offset + k * plans.buffer_bytes;
+          if (load) {
+            std::memcpy(mine, shared_reduced(item, k), bytes);
+          } else {
+            std::memcpy(shared_reduced(item, k), mine, bytes);
+          }
+        }
+      };
+
+      switch (phase.kind) {
+        case Phase::Kind::kAll:
+          finalize(0);
+          for (int p = 1; p <= program_.num_levels; ++p) {
+            init_accumulators(p);
+            accumulate(p);
+            finalize(p);
+          }
+          if (plans.has_final) final_pass();
+          break;
+        case Phase::Kind::kAccumulate: {
+          if (phase.level > 1 || !plans.finalize[0].empty()) reduced_buffers(/*load=*/true);
+          init_accumulators(phase.level);
+          accumulate(phase.level);
+          const int64_t bytes = count * int64_t{sizeof(double)};
+          for (const Step& step : plans.finalize[phase.level].steps) {
+            if (step.kind != Step::Kind::kFinalize) continue;
+            char* part = shared_partial(item, b, step.src[0].index);
+            std::memcpy(part, accumulator(step), bytes);
+            std::memcpy(part + unit_bytes, accumulator(step) + plans.buffer_bytes, bytes);
+          }
+          break;
+        }
+        case Phase::Kind::kFinalize: {
+          if (phase.level > 1 || (phase.level == 1 && !plans.finalize[0].empty())) {
+            reduced_buffers(/*load=*/true);
+          }
+          const int64_t bytes = count * int64_t{sizeof(double)};
+          for (const Step& step : plans.finalize[phase.level].steps) {
+            if (step.kind != Step::Kind::kFinalize) continue;
+            char* acc = accumulator(step);
+            const char* part = shared_partial(item, 0, step.src[0].index);
+            std::memcpy(acc, part, bytes);
+            std::memcpy(acc + plans.buffer_bytes, part + unit_bytes, bytes);
+            for (int64_t k = 1; k < run.split; ++k) {
+              part = shared_partial(item, k, step.src[0].index);
+              CombinePartial(step, part, part + unit_bytes, acc, acc + plans.buffer_bytes, count);
+            }
+          }
+          finalize(phase.level);
+          reduced_buffers(/*load=*/false);
+          break;
+        }
+        case Phase::Kind::kFinal:
+          reduced_buffers(/*load=*/true);
+          final_pass();
+          break;
       }
     }
   }
 #ifdef TF_AUTOFUSE_X86_CONVERT
   if (stream) _mm_sfence();  // non-temporal stores are visible before the caller moves on
 #endif
+}
+
+void Interpreter::RunAll(const RunShape& run, const IoBuffers& io) const {
+  for (const Phase& phase : Phases(run)) {
+    const int64_t items = NumItems(run, phase);
+    if (items > 0) RunItems(run, io, 0, items, phase);
+  }
 }
 
 }  // namespace tf_autofuse

@@ -22,6 +22,9 @@ struct PlanSet;  // interpreter.cc: the schedules of one broadcast pattern
 struct IoBuffers {
   std::vector<const char*> inputs;
   std::vector<char*> outputs;
+  // A split run's memory shared by its phases (Interpreter::SharedBytes): reduced values and
+  // the partial accumulators of every block. Null when the run is not split.
+  char* shared = nullptr;
 };
 
 // How one input is read broadcast over an iteration space: the space's dimensions, collapsed so
@@ -46,6 +49,21 @@ struct RunShape {
   std::vector<BroadcastPlan> reduced_plans;  // per input read as a reduced value
   std::vector<std::vector<int64_t>> outputs; // the shape of every output
   const PlanSet* plans = nullptr;            // the schedules for this broadcast pattern
+  // A reduction with few work items and a long R is split along R (interpreter.cc, SplitRun):
+  // `split` blocks of `split_rows` consecutive r each (the last one shorter); 1: not split.
+  int64_t split = 1, split_rows = 0;
+};
+
+// A run is a sequence of phases; the work items of one phase are independent of each other,
+// and a phase starts when the one before it has finished. A run that is not split is one phase,
+// kAll: every item computed pass by pass. A split run has a phase per pass: kFinalize (level p:
+// the blocks' partial accumulators of each item folded in block order, then finalize p; level
+// 0: the reduced values that need no reduction), kAccumulate (pass p of every block of every
+// item) and kFinal (the final pass of every block).
+struct Phase {
+  enum class Kind : uint8_t { kAll, kFinalize, kAccumulate, kFinal };
+  Kind kind = Kind::kAll;
+  int level = 0;
 };
 
 class Interpreter {
@@ -69,22 +87,33 @@ class Interpreter {
   // The caller must also check that the shapes are equal.
   const std::vector<int>& ForwardableInputs(const RunShape& run, int k) const;
 
-  // The run is split into independent work items (tiles of an elementwise program; rows, or
-  // chunks of the inner dimensions, of a reduction). Rough CPU cycles per item and in total, for
-  // the thread pool's cost model.
-  int64_t NumItems(const RunShape& run) const;
-  int64_t CostPerItem(const RunShape& run) const;
-  int64_t TotalCost(const RunShape& run) const;
+  // The phases of the run, in order (Phase).
+  std::vector<Phase> Phases(const RunShape& run) const;
+  // Bytes of IoBuffers::shared a split run needs; 0 when it is not split.
+  int64_t SharedBytes(const RunShape& run) const;
 
-  // Runs items [first, last). Thread-safe: calls on disjoint item ranges may run concurrently.
-  // Results do not depend on how the items are split between calls.
-  void RunItems(const RunShape& run, const IoBuffers& io, int64_t first, int64_t last) const;
+  // A phase is split into independent work items (tiles of an elementwise program; rows, or
+  // chunks of the inner dimensions, of a reduction; and of a split run, blocks of R). Rough CPU
+  // cycles per item and in total, for the thread pool's cost model.
+  int64_t NumItems(const RunShape& run, Phase phase = {}) const;
+  int64_t CostPerItem(const RunShape& run, Phase phase = {}) const;
+  int64_t TotalCost(const RunShape& run, Phase phase = {}) const;
+
+  // Runs items [first, last) of `phase`. Thread-safe: calls on disjoint item ranges of one phase
+  // may run concurrently. Results do not depend on how the items are split between calls, nor
+  // (phases run in order) on the threads that ran them.
+  void RunItems(const RunShape& run, const IoBuffers& io, int64_t first, int64_t last,
+                Phase phase = {}) const;
+  // Every phase of the run on this thread, in order (io.shared set by the caller if split).
+  void RunAll(const RunShape& run, const IoBuffers& io) const;
 
   // From now on every step of every tile is timed into `profile` (kernel_profile.h); null: off.
   void set_profile(KernelProfile* profile) { profile_ = profile; }
 
  private:
   const PlanSet& PlansFor(const std::vector<bool>& broadcast) const;
+  // Sets run->split and run->split_rows (interpreter.cc, "Split runs"); run->plans must be set.
+  void SplitRun(RunShape* run) const;
 
   Program program_;
   int64_t cost_per_element_ = 0;

@@ -463,50 +463,68 @@ class AutofuseKernelOp : public OpKernel {
 
     if (try_npu && RunOnNpu(ctx, run, io)) return;
     if (prologue_ != nullptr) {
-      const int64_t items = prologue_->NumItems(prun);
-      if (items > 0) prologue_->RunItems(prun, pio, 0, items);
+      pio.shared = SharedMemory(prologue_->SharedBytes(prun), /*slot=*/0);
+      prologue_->RunAll(prun, pio);
     }
-
-    const int64_t num_items = interpreter_->NumItems(run);
-    if (num_items == 0) return;
+    io.shared = SharedMemory(interpreter_->SharedBytes(run), /*slot=*/1);
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-    const int64_t cost = interpreter_->TotalCost(run);
+    for (const Phase& phase : interpreter_->Phases(run)) RunPhase(workers, run, io, phase);
+  }
+
+  // A split run's memory shared by its phases (IoBuffers::shared), `bytes` of it, or null for
+  // none: a buffer of the calling thread kept for its next calls (slot 0: the prologue's, 1: the
+  // program's), so that a step does not allocate and fault in fresh pages for it.
+  static char* SharedMemory(int64_t bytes, int slot) {
+    if (bytes == 0) return nullptr;
+    thread_local std::vector<char> buffers[2];
+    std::vector<char>& buffer = buffers[slot];
+    if (static_cast<int64_t>(buffer.size()) < bytes) buffer.resize(bytes);
+    return buffer.data();
+  }
+
+  // One phase of the run: inline, or over the intra-op pool (see kTimedCost above).
+  void RunPhase(tensorflow::thread::ThreadPool* workers, const RunShape& run, const IoBuffers& io,
+                Phase phase) {
+    const int64_t num_items = interpreter_->NumItems(run, phase);
+    if (num_items == 0) return;
+    const int64_t cost = interpreter_->TotalCost(run, phase);
     bool inline_run = num_items == 1 || workers == nullptr || workers->NumThreads() <= 1;
     const double ns_per_cost = timed_runs_.load(std::memory_order_relaxed) >= 2
                                    ? ns_per_cost_.load(std::memory_order_relaxed)
                                    : 0;
     if (!inline_run && ns_per_cost == 0) inline_run = cost < kProbeCost;  // to be timed
     if (inline_run) {
-      RunTimed(run, io, 0, num_items, cost);
+      RunTimed(run, io, 0, num_items, cost, phase);
       if (cost >= kTimedCost && timed_runs_.load(std::memory_order_relaxed) < 2) {
         timed_runs_.fetch_add(1, std::memory_order_relaxed);
       }
       return;
     }
-    const double per_item = static_cast<double>(interpreter_->CostPerItem(run));
+    const double per_item = static_cast<double>(interpreter_->CostPerItem(run, phase));
     const double cycles_per_item =
         ns_per_cost > 0 ? per_item * ns_per_cost * kCyclesPerNs : per_item;
     workers->ParallelFor(
         num_items,
         tf_compat::AdaptiveScheduling(std::max<int64_t>(1, static_cast<int64_t>(cycles_per_item))),
         [&](int64_t first, int64_t last) {
-          RunTimed(run, io, first, last, static_cast<int64_t>(per_item) * (last - first));
+          RunTimed(run, io, first, last, static_cast<int64_t>(per_item) * (last - first), phase);
         });
   }
 
-  // Runs items [first, last) of `cost` cost units on this thread. A range of at least kTimedCost
-  // is timed and may lower the kernel's estimate: the fastest rate seen, since a range the OS
-  // preempted or that faulted in fresh memory only looks slower. Ranges run by the pool count
-  // too, so an estimate a slow first run made too high (a fresh process, a busy machine) comes
-  // down within a step or two instead of splitting a small kernel over the pool for good.
+  // Runs items [first, last) of `phase`, `cost` cost units, on this thread. A range of at
+  // least kTimedCost is timed and may lower the kernel's estimate: the fastest rate seen, since a
+  // range the OS preempted or that faulted in fresh memory only looks slower. Ranges run by the
+  // pool count too, so an estimate a slow first run made too high (a fresh process, a busy
+  // machine) comes down within a step or two instead of splitting a small kernel over the pool
+  // for good.
   void RunTimed(const RunShape& run, const IoBuffers& io, int64_t first, int64_t last,
-                int64_t cost) {
+                int64_t cost, Phase phase) {
     if (cost < kTimedCost) {
-      interpreter_->RunItems(run, io, first, last);
+      interpreter_->RunItems(run, io, first, last, phase);
       return;
     }
     const auto start = std::chrono::steady_clock::now();
-    interpreter_->RunItems(run, io, first, last);
+    interpreter_->RunItems(run, io, first, last, phase);
     const double ns =
         std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
     const double rate = ns / static_cast<double>(cost);

@@ -406,6 +406,57 @@ void FinalizeCompensated(OpCode op, const double* acc, const double* comp, doubl
   }
 }
 
+// Split runs (interpreter.cc): the partial accumulators of one block of R folded into `acc`
+// (and `comp`), `n` elements, with the reduction's own combining function. Blocks are folded in
+// block order, so the result depends on the shapes alone. Compensated f64 sums and products fold
+// as the lanes of a row do in FinalizeCompensated.
+template <typename A>
+void CombineAs(OpCode op, const A* part, A* acc, int64_t n) {
+  WithCombine<A>(op, [&](auto f) {
+    for (int64_t i = 0; i < n; ++i) acc[i] = f(acc[i], part[i]);
+  });
+}
+
+void CombinePartial(const Step& finalize, const char* part, const char* part_comp, char* acc,
+                    char* comp, int64_t n) {
+  if (Compensated(finalize.op, finalize.src_ctype, finalize.acc_ctype)) {
+    const double* p = reinterpret_cast<const double*>(part);
+    const double* pc = reinterpret_cast<const double*>(part_comp);
+    double* a = reinterpret_cast<double*>(acc);
+    double* c = reinterpret_cast<double*>(comp);
+    for (int64_t i = 0; i < n; ++i) {
+      if (finalize.op != OpCode::kProd) {
+        CompensatedAdd(a[i], c[i], p[i]);
+        c[i] += pc[i];
+      } else {
+        const double q = a[i] * p[i];
+        if (std::isfinite(q)) c[i] = std::fma(a[i], p[i], -q) + c[i] * p[i] + a[i] * pc[i];
+        a[i] = q;
+      }
+    }
+    return;
+  }
+  switch (finalize.acc_ctype) {
+    case ComputeType::kF32:
+      CombineAs(finalize.op, reinterpret_cast<const float*>(part), reinterpret_cast<float*>(acc), n);
+      break;
+    case ComputeType::kF64:
+      CombineAs(finalize.op, reinterpret_cast<const double*>(part), reinterpret_cast<double*>(acc),
+                n);
+      break;
+    case ComputeType::kI32:
+      CombineAs(finalize.op, reinterpret_cast<const int32_t*>(part),
+                reinterpret_cast<int32_t*>(acc), n);
+      break;
+    case ComputeType::kI64:
+      CombineAs(finalize.op, reinterpret_cast<const int64_t*>(part),
+                reinterpret_cast<int64_t*>(acc), n);
+      break;
+    case ComputeType::kBool:
+      break;
+  }
+}
+
 void Finalize(const Step& step, const char* acc, const char* comp, char* out, int64_t valid,
               int64_t count, bool lanes, int64_t reduce) {
   if (Compensated(step.op, step.src_ctype, step.acc_ctype)) {
