@@ -45,6 +45,8 @@ def _initialise() -> bool:
         _native.set_kernel_profile(process_flags.kernel_profile)
     if not process_flags.strip_fusion:
         _native.set_strip_fusion(False)
+    if not process_flags.split_reductions:
+        _native.set_split_reductions(False)
     if process_flags.enable_autofuse:
         if _native.register_cpu_plugin() == "taken":
             warn_once(

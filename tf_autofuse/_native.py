@@ -87,6 +87,13 @@ def set_strip_fusion(on: bool) -> None:
     _cdll.autofuse_set_strip_fusion(ctypes.c_int(1 if on else 0))
 
 
+def set_split_reductions(on: bool) -> None:
+    """AUTOFUSE_DFX_FLAGS=--split_reductions=false: runs prepared from now on reduce each work
+    item on one thread, never in blocks of R (cc/interpreter.cc, split runs)."""
+    load()
+    _cdll.autofuse_set_split_reductions(ctypes.c_int(1 if on else 0))
+
+
 def set_output_cache(megabytes: int) -> None:
     """AUTOFUSE_FLAGS=--output_cache_mb=N: the most MiB of idle output blocks the kernels keep
     for reuse; 0 turns the cache off (cc/output_cache.h)."""

@@ -193,6 +193,12 @@ _SPECS: dict[str, _Spec] = {
         "run consecutive fp32 elementwise steps of a fused kernel strip by strip (256 elements) "
         "instead of each over a whole tile; false is for measuring what that brings "
         "(process-wide, read at import)"),
+    "split_reductions": _Spec(
+        DFX_FLAGS_ENV, _parse_bool, "true or false", True,
+        "cut the reduced axes of a reduction with few work items (BatchNorm's statistics) into "
+        "blocks so that it runs on every core; false is for measuring what that brings "
+        "(process-wide, read at import; results are the same bits for any thread count either "
+        "way, but differ between the two settings)"),
     "output_cache_mb": _Spec(
         FLAGS_ENV, _parse_count, "an integer >= 0 (MiB)", 1024,
         "most MiB of freed fused-kernel outputs (each of 4 MiB or more) kept for reuse by the "
@@ -212,7 +218,7 @@ _SPECS: dict[str, _Spec] = {
 
 
 # Keys read once, at import, for the whole process (the kernel library's state).
-PROCESS_WIDE = frozenset({"kernel_profile", "output_cache_mb", "strip_fusion"})
+PROCESS_WIDE = frozenset({"kernel_profile", "output_cache_mb", "strip_fusion", "split_reductions"})
 
 
 def _default(key: str):
@@ -234,6 +240,7 @@ class Flags:
     skip_node_names_cfg: Optional[SkipList] = _default("skip_node_names_cfg")
     kernel_profile: Optional[str] = _default("kernel_profile")
     strip_fusion: bool = _default("strip_fusion")
+    split_reductions: bool = _default("split_reductions")
     autofuse_enhance_precision_blacklist: frozenset = _default(
         "autofuse_enhance_precision_blacklist")
     cost_model: str = _default("cost_model")

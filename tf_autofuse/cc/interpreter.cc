@@ -626,12 +626,14 @@ int64_t SplitUnit(const RunShape& run, int64_t tile) {
 // not (inf * 0 = NaN where the product of the row is inf).
 constexpr int64_t kSplitItems = 8;
 constexpr int64_t kSplitElements = int64_t{1} << 16;
+std::atomic<bool> split_reductions_enabled{true};  // AUTOFUSE_DFX_FLAGS=--split_reductions=false
 
 void Interpreter::SplitRun(RunShape* run) const {
   run->split = 1;
   run->split_rows = 0;
   const int64_t tile = run->plans->tile_size;
-  if (!program_.has_reductions() || run->reduce < 2 || RowsPerItem(*run, tile) > 1 ||
+  if (!split_reductions_enabled.load(std::memory_order_relaxed) ||
+      !program_.has_reductions() || run->reduce < 2 || RowsPerItem(*run, tile) > 1 ||
       KeptRowTiles(*run, *run->plans) > 0) {
     return;
   }
@@ -922,4 +924,10 @@ void Interpreter::RunAll(const RunShape& run, const IoBuffers& io) const {
 // turns strip fusion off for the kernels planned afterwards (for measuring what it brings).
 extern "C" __attribute__((visibility("default"))) void autofuse_set_strip_fusion(int on) {
   tf_autofuse::strip_fusion_enabled.store(on != 0);
+}
+
+// AUTOFUSE_DFX_FLAGS=--split_reductions=false turns split runs off for the runs prepared
+// afterwards (for measuring what they bring).
+extern "C" __attribute__((visibility("default"))) void autofuse_set_split_reductions(int on) {
+  tf_autofuse::split_reductions_enabled.store(on != 0);
 }
