@@ -423,13 +423,13 @@ REDUCE_CASES = [
     ([2000, 33], [1]),
     ([5, 40, 256, 1], [2]),
     ([9, 257], [1]),
-    # Split runs (interpreter.cc): fewer than 8 work items over at least 2 * 65536 elements are
-    # cut along the reduced axes into blocks whose partial results are folded in block order.
-    ([140001], [0]),         # everything, in lanes: one item
-    ([3, 70001], [1]),       # three long rows
-    ([70001, 3], [0]),       # column groups
-    ([300, 2001], [0]),      # inner chunks of a tile
-    ([2, 400, 2, 300], [1, 2]),  # two reduced axes, two outer indices
+    # Split runs (interpreter.cc): fewer than 8 work items, each of more than 2 * 2**23 cost
+    # units (a few million elements for these programs), are cut along the reduced axes into
+    # blocks whose partial results are folded in block order.
+    ([3000001], [0]),        # everything, in lanes: one item
+    ([1000001, 3], [0]),     # column groups
+    ([3000, 2001], [0]),     # inner chunks of a tile
+    ([2, 2000, 3, 500], [1, 2]),  # two reduced axes, two outer indices
 ]
 
 
@@ -439,11 +439,12 @@ def _reduce_input(name, dtype, shape, rng):
             return tf.constant(rng.integers(-3, 4, shape).astype(np.int32))
         return tf.constant(rng.integers(INT32_MIN, INT32_MAX, shape, endpoint=True)
                            .astype(np.int32))
-    if name == "Prod":
-        v = np.exp(rng.normal(0, 0.01, shape)) * np.where(rng.random(shape) < 0.5, -1, 1)
+    if name == "Prod":  # |log| of a product of n values: about 0.01 sqrt(n), or 1e-4 sqrt(n)
+        sigma = 0.01 if np.prod(shape) < 65536 else 1e-4
+        v = np.exp(rng.normal(0, sigma, shape)) * np.where(rng.random(shape) < 0.5, -1, 1)
     elif np.prod(shape) < 65536:
         v = rng.normal(1.0, 3.0, shape)
-    else:  # centred, so that a 16-bit sum of 140001 values does not overflow
+    else:  # centred, so that a 16-bit sum of 3000001 values does not overflow
         v = rng.normal(0.0, 3.0, shape)
     return cast(v, dtype)
 
@@ -478,14 +479,14 @@ def test_reductions(ops, name, case, dtype):
         scale = scale / max(1, int(np.prod([shape[a] for a in axes])))
     if name == "Prod":
         scale = None
-    # TensorFlow's 16-bit Sum and Mean of 140001 values overflow (inf, NaN): there the fused
+    # TensorFlow's 16-bit Sum and Mean of 3000001 values overflow (inf, NaN): there the fused
     # result is held to the reference alone, within half an ulp of the dtype (and one of f32)
     overflowed = not np.all(np.isfinite(as_f64(want))[np.isfinite(ref)])
     assert_float_close(as_f64(keep), as_f64(want), ref, dtype, f"{name} {dtype}{shape}",
                        scale=scale, bound_ulps=1 if overflowed else 0)
 
 
-@pytest.mark.parametrize("cols", [40, 300000])  # 300000: rows reduced in blocks (split runs)
+@pytest.mark.parametrize("cols", [40, 2000003])  # 2000003: rows reduced in blocks (split runs)
 @pytest.mark.parametrize("dtype", ["f32", "f16", "f64"])
 def test_max_min_propagate_nan(ops, dtype, cols):
     v = np.random.default_rng(0).normal(size=(6, cols))
@@ -502,12 +503,12 @@ def test_max_min_propagate_nan(ops, dtype, cols):
 
 
 # The shapes of a row (lanes), row-group, column and column-group reduction; and for Sum and
-# Mean a row and columns long enough to be reduced in blocks (split runs: a product of 140000
+# Mean a row and columns long enough to be reduced in blocks (split runs: a product of 3000000
 # values of 0.5..1.5 would underflow).
 @pytest.mark.parametrize("op,shape,axis", [
     (op, shape, axis) for op in ("Sum", "Mean", "Prod")
     for shape, axis in [((3, 40), 1), ((40, 7), 1), ((40, 3000), 0), ((40, 7), 0)]
-    + ([((3, 140000), 1), ((140000, 3), 0)] if op != "Prod" else [])])
+    + ([((3, 3000000), 1), ((3000000, 3), 0)] if op != "Prod" else [])])
 def test_f64_sum_and_prod_of_infinities_are_infinite(ops, op, shape, axis):
     """Regression (found by tests/test_random_graphs.py): the f64 compensation term became
     inf - inf = NaN, so an f64 Sum, Mean or Prod holding +-inf, or overflowing, gave NaN where
@@ -646,7 +647,7 @@ def test_sum_is_at_least_as_accurate_as_tensorflow(ops):
 
 @pytest.mark.parametrize("dtype,shape,axis", [("f32", (3000, 700), 1), ("f16", (300, 7000), 1),
                                               ("f32", (700, 3000), 0), ("f32", (100003, 10), 1),
-                                              ("f64", (100003, 3), 0), ("f32", (3, 200001), 1),
+                                              ("f64", (100003, 3), 0), ("f32", (3, 600001), 1),
                                               ("f16", (20001, 64), 0)])
 def test_reductions_bit_identical_across_runs_and_threads(ops, dtype, shape, axis, tmp_path):
     values = cast(np.random.default_rng(5).normal(0, 3, shape), dtype).numpy()

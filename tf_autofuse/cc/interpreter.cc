@@ -617,15 +617,18 @@ int64_t SplitUnit(const RunShape& run, int64_t tile) {
 // one inner chunk), so the kernel and every elementwise op fused into it ran on one thread. Its R
 // is then cut into blocks, each pass of each block a work item of its own, the blocks' partial
 // accumulators folded in block order before each finalize. The number of blocks depends on the
-// shapes alone (up to kSplitItems items in all, each block at least kSplitElements elements), so
-// a result is the same bits for any thread count, as for runs that are not split. Blocks start
+// shapes and the program alone (up to kSplitItems items in all, each block at least kSplitCost
+// of the program's cost units over all its passes), so a result is the same bits for any thread
+// count, as for runs that are not split. The cost bound keeps out runs whose split would cost
+// more in waking threads and in the barriers between phases than it saves, and plain one-pass
+// sums of a few MiB, which one core's loads already keep at the memory's speed. Blocks start
 // where the tiles of the run would: at whole tiles of a row (row reductions, whose lanes are
 // positions mod kLanes) or whole tiles of inner blocks (column groups). Not split: row groups
 // (short rows, already many per item), kept rows (values kept between passes of one item), and
 // products: partial products of blocks may overflow and underflow where the running product does
 // not (inf * 0 = NaN where the product of the row is inf).
 constexpr int64_t kSplitItems = 8;
-constexpr int64_t kSplitElements = int64_t{1} << 16;
+constexpr int64_t kSplitCost = int64_t{1} << 23;
 std::atomic<bool> split_reductions_enabled{true};  // AUTOFUSE_DFX_FLAGS=--split_reductions=false
 
 void Interpreter::SplitRun(RunShape* run) const {
@@ -645,7 +648,8 @@ void Interpreter::SplitRun(RunShape* run) const {
   const int64_t blocks = BlocksPerTile(*run, tile);
   const int64_t step = run->inner == 1 ? tile : blocks;  // r per tile
   const int64_t per_r = run->inner == 1 ? 1 : std::min(tile, run->inner);
-  const int64_t by_size = run->reduce * per_r / kSplitElements;
+  const int64_t work = run->reduce * per_r * cost_per_element_ * (program_.num_levels + 1);
+  const int64_t by_size = work / kSplitCost;
   const int64_t want = std::min((kSplitItems + items - 1) / items, by_size);
   if (want < 2) return;
   const int64_t tiles = (run->reduce + step - 1) / step;
