@@ -423,7 +423,7 @@ REDUCE_CASES = [
     ([2000, 33], [1]),
     ([5, 40, 256, 1], [2]),
     ([9, 257], [1]),
-    # Split runs (interpreter.cc): fewer than 8 work items, each of more than 2 * 2**23 cost
+    # Split runs (interpreter.cc): fewer than 8 work items, each of more than 2 * 2**24 cost
     # units (a few million elements for these programs), are cut along the reduced axes into
     # blocks whose partial results are folded in block order.
     ([3000001], [0]),        # everything, in lanes: one item

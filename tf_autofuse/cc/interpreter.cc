@@ -628,7 +628,7 @@ int64_t SplitUnit(const RunShape& run, int64_t tile) {
 // products: partial products of blocks may overflow and underflow where the running product does
 // not (inf * 0 = NaN where the product of the row is inf).
 constexpr int64_t kSplitItems = 8;
-constexpr int64_t kSplitCost = int64_t{1} << 23;
+constexpr int64_t kSplitCost = int64_t{1} << 24;
 std::atomic<bool> split_reductions_enabled{true};  // AUTOFUSE_DFX_FLAGS=--split_reductions=false
 
 void Interpreter::SplitRun(RunShape* run) const {
