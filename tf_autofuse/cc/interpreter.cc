@@ -67,9 +67,10 @@
 //     Their full passes read reduced values expanded into a slot (kExpandReduced: one value
 //     repeated over its row, or the inner vector repeated per block), row by row.
 //   * Split runs: a reduction of fewer than 8 items over a long R (BatchNorm's statistics over
-//     N*H*W rows: one item) has R cut into blocks, as many as the shapes say (SplitRun), and runs
-//     phase by phase (Phase): each pass of each block is an item, and before each finalize the
-//     blocks' partial accumulators are folded in block order. Still one order per shape.
+//     N*H*W rows: one item) has R cut into blocks, as many as the shapes and the program's cost
+//     say (SplitRun), and runs phase by phase (Phase): each pass of each block is an item, and
+//     before each finalize the blocks' partial accumulators are folded in block order. Still
+//     one order per shape.
 //   * Kept values: a full value that several passes of an item need (softmax's exp(x - max),
 //     for the sum and for the division) is computed by the first and kept for the others, in
 //     row-group mode (one slot-sized buffer: the item is one tile) and in kept-row mode (row
