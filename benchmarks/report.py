@@ -4,7 +4,8 @@
     python benchmarks/ab_models.py resnet50_b1 --json ab_resnet50_b1.json      (one per model)
     python benchmarks/model_table.py --json models.json
     python benchmarks/train_table.py --json train.json
-    python benchmarks/report.py micro.json ab_*.json models.json train.json --plot docs/bench_micro.png -o docs/PERFORMANCE.md
+    python benchmarks/report.py micro.json ab_*.json models.json train.json --plot docs/bench_micro.png \
+        --models-plot docs/bench_models.png -o docs/PERFORMANCE.md
 
 run.py's runs become one section each; the in-process A/B runs of ab_models.py one table; the
 model and training tables a section each, in the order given.
@@ -142,10 +143,55 @@ def table_section(data: dict) -> str:
         module.markdown(data["cells"])])
 
 
-def report(runs: list, plot: str | None) -> str:
+def models_plot(runs: list, path: str) -> str | None:
+    """A bar chart of the models' speed-ups over TensorFlow: the in-process A/B runs
+    (inference) and the training table (tf_autofuse and XLA). None when written, else why not
+    (matplotlib is optional)."""
+    bars = [(data["workload"], "inference, one process", data["tf_over_autofuse"])
+            for data in runs if data.get("kind") == "ab_models"]
+    for data in runs:
+        if data.get("kind") != "train_table":
+            continue
+        cells = {(c["model"], c["mode"]): c for c in data["cells"] if "median_ms" in c}
+        for (model, mode), cell in cells.items():
+            tf_cell = cells.get((model, "tf"))
+            if mode != "tf" and tf_cell is not None:
+                label = "train step, tf_autofuse" if mode == "autofuse" else f"train step, {mode}"
+                bars.append((f"{model} train", label, tf_cell["median_ms"] / cell["median_ms"]))
+    if not bars:
+        return "nothing to plot: no ab_models.py or train_table.py run given"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (`pip install matplotlib`)"
+    names = list(dict.fromkeys(name for name, _, _ in bars))
+    series = list(dict.fromkeys(label for _, label, _ in bars))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(names) + 3), 5))
+    for k, label in enumerate(series):
+        values = {name: value for name, lab, value in bars if lab == label}
+        xs = [i + k * width for i, name in enumerate(names) if name in values]
+        ax.bar(xs, [values[name] for name in names if name in values], width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
+    ax.set_xticklabels(names, rotation=40, ha="right")
+    ax.set_ylabel("TensorFlow time / mode's time (> 1: faster)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
+
+
+def report(runs: list, plot: str | None, models_plot_path: str | None = None) -> str:
     parts = [INTRO.rstrip()]
     if plot:
         parts.append(f"![speed-up over TF default per workload and mode]({plot})")
+    if models_plot_path:
+        parts.append(f"![the models' speed-up over TensorFlow]({models_plot_path})")
     suite = [data for data in runs if "kind" not in data]
     parts += [run_section(data, i + 1) for i, data in enumerate(suite)]
     ab_runs = [data for data in runs if data.get("kind") == "ab_models"]
@@ -164,6 +210,8 @@ def main(argv=None) -> int:
                         help="--json files of run.py, ab_models.py, model_table.py, "
                              "train_table.py")
     parser.add_argument("--plot", help="the plot to show, a path relative to the output's folder")
+    parser.add_argument("--models-plot", help="write a bar chart of the models' A/B and training "
+                                              "speed-ups there and show it")
     parser.add_argument("-o", "--out", default="docs/PERFORMANCE.md")
     args = parser.parse_args(argv)
     runs = []
@@ -172,11 +220,18 @@ def main(argv=None) -> int:
             runs.append(json.loads(Path(path).read_text()))
         except (OSError, ValueError) as err:
             parser.error(f"{path}: not a benchmark JSON ({err})")
-    plot = args.plot
-    if plot:
-        plot = str(Path(plot).resolve().relative_to(Path(args.out).resolve().parent)) \
-            if Path(plot).resolve().is_relative_to(Path(args.out).resolve().parent) else plot
-    Path(args.out).write_text(report(runs, plot))
+    def shown(path):  # as the page links it: relative to the page's folder when inside it
+        return str(Path(path).resolve().relative_to(Path(args.out).resolve().parent)) \
+            if Path(path).resolve().is_relative_to(Path(args.out).resolve().parent) else path
+
+    models_path = None
+    if args.models_plot:
+        why_not = models_plot(runs, args.models_plot)
+        if why_not:
+            print(f"--models-plot {args.models_plot}: {why_not}", file=sys.stderr)
+        else:
+            models_path = shown(args.models_plot)
+    Path(args.out).write_text(report(runs, shown(args.plot) if args.plot else None, models_path))
     print(f"wrote {args.out}")
     return 0
 
