@@ -266,3 +266,34 @@ def test_report_renders_the_model_ab_and_training_json(tmp_path):
     assert "## Keras models, each mode a fresh process, batch 8" in text
     assert "| 1.0e-06 | 1.5e-06 |" in text  # the autofuse row: vs TF, vs float64
     assert "## Training steps, batch 16" in text and "| 3.5e-07 |" in text
+
+
+def test_report_models_plot(tmp_path):
+    """report.py --models-plot: a PNG of the A/B and training speed-ups shown on the page, or,
+    without matplotlib (not a dependency), the page without it and the reason on stderr."""
+    from benchmarks import report
+
+    ab = {"kind": "ab_models", "command": "c1", "machine": "M", "load_average": 0.5,
+          "workload": "resnet50_b1", "rounds": 8, "autofuse_won_rounds": 8,
+          "tf_over_autofuse": 1.25, "max_rel_diff": 9e-7,
+          "sides": {"tf": {"median_ms": 50.0, "kernels": 812, "fused": 0},
+                    "tf_autofuse": {"median_ms": 40.0, "kernels": 146, "fused": 65}}}
+    cells = [{"model": "transformer", "mode": mode, "median_ms": ms, "kernels": 1, "fused": 0,
+              "peak_rss_mib": 1.0, "model_rss_mib": 1.0, "first_ms": 1.0, "grad_error": None}
+             for mode, ms in (("tf", 30.0), ("autofuse", 24.0), ("xla", 25.0))]
+    train = {"kind": "train_table", "command": "c2", "machine": "M", "load_average": 0.3,
+             "options": {"batch": 16}, "cells": cells}
+    paths = []
+    for name, data in (("ab", ab), ("train", train)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    out, png = tmp_path / "PERFORMANCE.md", tmp_path / "models.png"
+    assert report.main([*map(str, paths), "--models-plot", str(png), "-o", str(out)]) == 0
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not png.exists() and "models.png" not in out.read_text()
+        assert "matplotlib" in report.models_plot([ab, train], str(png))
+        return
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "](models.png)" in out.read_text()
