@@ -133,10 +133,6 @@ class CubeTiling(tiling.TilingData):
     iterateOrder: int = _u32()
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def compute_tiling(block: Block, m: int, n: int, k: int, core_num: int) -> CubeTiling:
     """The host tiling function (the emitted C++ does the same): the base blocks of C dealt to a
     grid of at most core_num vector cores, N first; each core's region whole base blocks."""
@@ -146,15 +142,15 @@ def compute_tiling(block: Block, m: int, n: int, k: int, core_num: int) -> CubeT
     if m <= 0 or core_num <= 0:
         return CubeTiling(M=max(m, 0), usedCoreNum=0, blockDim=0, mCores=0, nCores=0,
                           singleCoreM=0, singleCoreN=0, **fixed)
-    m_blocks, n_blocks = _ceil(m, block.base_m), _ceil(n, block.base_n)
+    m_blocks, n_blocks = tiling.ceil_div(m, block.base_m), tiling.ceil_div(n, block.base_n)
     n_cores = min(n_blocks, core_num)
     m_cores = min(m_blocks, max(1, core_num // n_cores))
-    per_n = _ceil(n_blocks, n_cores)
-    n_cores = _ceil(n_blocks, per_n)
-    per_m = _ceil(m_blocks, m_cores)
-    m_cores = _ceil(m_blocks, per_m)
+    per_n = tiling.ceil_div(n_blocks, n_cores)
+    n_cores = tiling.ceil_div(n_blocks, per_n)
+    per_m = tiling.ceil_div(m_blocks, m_cores)
+    m_cores = tiling.ceil_div(m_blocks, per_m)
     used = m_cores * n_cores
-    return CubeTiling(M=m, usedCoreNum=used, blockDim=_ceil(used, 2), mCores=m_cores,
+    return CubeTiling(M=m, usedCoreNum=used, blockDim=tiling.ceil_div(used, 2), mCores=m_cores,
                       nCores=n_cores, singleCoreM=min(per_m * block.base_m, m),
                       singleCoreN=min(per_n * block.base_n, n), **fixed)
 
@@ -278,8 +274,8 @@ def _choose_block(mm: MatMul, per_elem: int, fixed: int, bias: int = 0):
     buffers (`bias`: bytes of a bias element the cube adds, 0 without); (Block, "") or (None,
     reason)."""
     size = SIZE[CUBE_TYPES[mm.dtype]]
-    n_cap = _ceil(mm.n, 32) * 32
-    m_cap = _ceil(mm.m, 16) * 16 if mm.m > 0 else BASE_M[0]
+    n_cap = tiling.ceil_div(mm.n, 32) * 32
+    m_cap = tiling.ceil_div(mm.m, 16) * 16 if mm.m > 0 else BASE_M[0]
     best = None
     for base_n in BASE_N:
         for base_m in BASE_M:
@@ -297,7 +293,7 @@ def _choose_block(mm: MatMul, per_elem: int, fixed: int, bias: int = 0):
                       f"block element, even a {BASE_M[-1]} x {BASE_N[-1]} block needs "
                       f"{smallest * per_elem + fixed} of the {tiling.UB_BUDGET}-byte budget")
     base_m, base_n = best
-    k_cap = max(_ceil(mm.k, 16) * 16, BASE_K[-1])
+    k_cap = max(tiling.ceil_div(mm.k, 16) * 16, BASE_K[-1])
     for base_k in BASE_K:
         if base_k > k_cap:
             continue

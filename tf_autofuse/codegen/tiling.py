@@ -83,7 +83,8 @@ class Tiling(TilingData):
     lastTailLength: int = _u32()
 
 
-def _ceil(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up (b > 0)."""
     return -(-a // b)
 
 
@@ -91,15 +92,15 @@ def compute(total: int, core_num: int, max_tile: int) -> Tiling:
     """The host tiling function (same arithmetic as the emitted C++)."""
     if total <= 0 or core_num <= 0:
         return Tiling(max(total, 0), 0, 0, 0, max_tile, 0, 0, 0, 0)
-    units = _ceil(total, ALIGN_ELEMS)
+    units = ceil_div(total, ALIGN_ELEMS)
     block_dim = min(core_num, units)
-    block_len = _ceil(units, block_dim) * ALIGN_ELEMS
-    block_dim = _ceil(total, block_len)
+    block_len = ceil_div(units, block_dim) * ALIGN_ELEMS
+    block_dim = ceil_div(total, block_len)
     last_len = total - (block_dim - 1) * block_len
     tile = min(max_tile, block_len)
 
     def split(length):
-        num = _ceil(length, tile)
+        num = ceil_div(length, tile)
         return num, length - (num - 1) * tile
 
     tile_num, tail = split(block_len)
@@ -130,17 +131,17 @@ def compute_bcast(outer: int, inner: int, core_num: int, max_tile: int, rows: bo
     tile, per_row = _row_tiles(inner, max_tile)
     total = outer * per_row
     if rows:
-        per_block = _ceil(outer, min(core_num, outer)) * per_row
+        per_block = ceil_div(outer, min(core_num, outer)) * per_row
     else:
-        per_block = _ceil(total, min(core_num, total))
-    return BcastTiling(outer, inner, per_row, total, per_block, _ceil(total, per_block), tile)
+        per_block = ceil_div(total, min(core_num, total))
+    return BcastTiling(outer, inner, per_row, total, per_block, ceil_div(total, per_block), tile)
 
 
 def _row_tiles(inner: int, max_tile: int) -> tuple:
     """(tile, tiles a row) when tiles are chunks of rows of `inner` elements: the UB maximum, or
     the row rounded up to ALIGN_ELEMS."""
-    tile = min(max_tile, _ceil(inner, ALIGN_ELEMS) * ALIGN_ELEMS)
-    return tile, _ceil(inner, tile)
+    tile = min(max_tile, ceil_div(inner, ALIGN_ELEMS) * ALIGN_ELEMS)
+    return tile, ceil_div(inner, tile)
 
 
 def _cpp_constants(kernel: str, max_tile: int) -> str:
@@ -257,12 +258,12 @@ def compute_column(outer: int, mid: int, inner: int, core_num: int, max_tile: in
         tile, per_row = _row_tiles(inner, max_tile)
         total = outer * mid * per_row
     else:
-        want = _ceil(core_num, outer)  # chunks a row so that every core gets an item, when it can
-        tile = min(max_tile, _ceil(_ceil(inner, want), ALIGN_ELEMS) * ALIGN_ELEMS)
-        per_row = _ceil(inner, tile)
+        want = ceil_div(core_num, outer)  # chunks a row so that every core gets an item, when it can
+        tile = min(max_tile, ceil_div(ceil_div(inner, want), ALIGN_ELEMS) * ALIGN_ELEMS)
+        per_row = ceil_div(inner, tile)
         total = outer * per_row
-    per_block = _ceil(total, min(core_num, total))
-    return ColumnTiling(outer, mid, inner, per_row, total, per_block, _ceil(total, per_block), tile)
+    per_block = ceil_div(total, min(core_num, total))
+    return ColumnTiling(outer, mid, inner, per_row, total, per_block, ceil_div(total, per_block), tile)
 
 
 def cpp_column_function(kernel: str, struct: str, max_tile: int, rows: bool = False) -> str:

@@ -87,13 +87,30 @@ def _harness(k: Kernel) -> str:
                    else f"{n}_tiling(outer, rest ? inner / rest : 0, rest, core_num, tile_override, &t)"
                    if k.split2 is not None
                    else f"{n}_tiling(outer, inner, core_num, tile_override, &t)")
-    text = f"""
-extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t outer, uint64_t inner,
-                            uint32_t core_num, uint32_t tile_override, void* tiling_out, char* err,
-                            uint32_t err_len, uint64_t rest) {{
+    return _run_function(
+        n, "uint64_t outer, uint64_t inner,\n"
+           "                            uint32_t core_num, uint32_t tile_override, void* tiling_out, char* err,\n"
+           "                            uint32_t err_len, uint64_t rest",
+        "  const uint64_t total = outer * inner;\n", tiling_call, reg, unreg, gm, mix=False)
+
+
+def _run_function(n: str, params: str, prelude: str, tiling_call: str, reg: str, unreg: str,
+                  gm: str, mix: bool) -> str:
+    """`NAME_twin_run(ins, outs, PARAMS)`: the tiling (copied out), the GM buffers registered with
+    the twin (`reg`, then the tiling data, and a mix kernel's system workspace), every block of the
+    launch run, the buffers unregistered; 0, 1 (tiling failed) or 2 (the twin's error in err)."""
+    workspace = "  std::vector<uint8_t> workspace(twin::kSysWorkspaceBytes);\n" if mix else ""
+    add_workspace = "  twin::Gm().Add(workspace.data(), workspace.size());\n" if mix else ""
+    remove_workspace = "  twin::Gm().Remove(workspace.data());\n" if mix else ""
+    run = ("  // mix launch: blockDim AI cores, two vector cores each\n"
+           f"  std::string e = twin::RunBlocks(2 * t.blockDim, {n}, {gm}, workspace.data(), "
+           "tiling_gm.data());\n" if mix else
+           f"  std::string e = twin::RunBlocks(t.blockDim, {n}, {gm}, (GM_ADDR)nullptr, "
+           "tiling_gm.data());\n")
+    return f"""
+extern "C" int {n}_twin_run(void* const* ins, void* const* outs, {params}) {{
   {n}_TilingData t;
-  const uint64_t total = outer * inner;
-  if ({tiling_call} != 0) {{
+{prelude}  if ({tiling_call} != 0) {{
     std::snprintf(err, err_len, "tiling failed");
     return 1;
   }}
@@ -101,14 +118,12 @@ extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t outer,
   if (t.blockDim == 0) return 0;
   std::vector<uint8_t> tiling_gm(sizeof(t));
   std::memcpy(tiling_gm.data(), &t, sizeof(t));
-{reg}  twin::Gm().Add(tiling_gm.data(), tiling_gm.size());
-  std::string e = twin::RunBlocks(t.blockDim, {n}, {gm}, (GM_ADDR)nullptr, tiling_gm.data());
-{unreg}  twin::Gm().Remove(tiling_gm.data());
-  std::snprintf(err, err_len, "%s", e.c_str());
+{workspace}{reg}  twin::Gm().Add(tiling_gm.data(), tiling_gm.size());
+{add_workspace}{run}{unreg}  twin::Gm().Remove(tiling_gm.data());
+{remove_workspace}  std::snprintf(err, err_len, "%s", e.c_str());
   return e.empty() ? 0 : 2;
 }}
 """
-    return text
 
 
 def _arg_count(k: Kernel) -> int:
@@ -186,29 +201,9 @@ def _cube_harness(k: Kernel) -> str:
     unreg = "".join(f"  twin::Gm().Remove(ins[{i}]);\n" for i in range(nin))
     unreg += "".join(f"  twin::Gm().Remove(outs[{j}]);\n" for j in range(nout))
     gm = ", ".join([f"(GM_ADDR)ins[{i}]" for i in range(nin)] + [f"(GM_ADDR)outs[{j}]" for j in range(nout)])
-    return f"""
-extern "C" int {n}_twin_run(void* const* ins, void* const* outs, uint64_t m, uint32_t core_num,
-                            void* tiling_out, char* err, uint32_t err_len) {{
-  {n}_TilingData t;
-  if ({n}_tiling(m, core_num, &t) != 0) {{
-    std::snprintf(err, err_len, "tiling failed");
-    return 1;
-  }}
-  if (tiling_out) std::memcpy(tiling_out, &t, sizeof(t));
-  if (t.blockDim == 0) return 0;
-  std::vector<uint8_t> tiling_gm(sizeof(t));
-  std::memcpy(tiling_gm.data(), &t, sizeof(t));
-  std::vector<uint8_t> workspace(twin::kSysWorkspaceBytes);
-{reg}  twin::Gm().Add(tiling_gm.data(), tiling_gm.size());
-  twin::Gm().Add(workspace.data(), workspace.size());
-  // mix launch: blockDim AI cores, two vector cores each
-  std::string e = twin::RunBlocks(2 * t.blockDim, {n}, {gm}, workspace.data(), tiling_gm.data());
-{unreg}  twin::Gm().Remove(tiling_gm.data());
-  twin::Gm().Remove(workspace.data());
-  std::snprintf(err, err_len, "%s", e.c_str());
-  return e.empty() ? 0 : 2;
-}}
-"""
+    return _run_function(n, "uint64_t m, uint32_t core_num,\n"
+                            "                            void* tiling_out, char* err, uint32_t err_len",
+                         "", f"{n}_tiling(m, core_num, &t)", reg, unreg, gm, mix=True)
 
 
 def stub_library() -> Path:
