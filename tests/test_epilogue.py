@@ -580,6 +580,15 @@ def test_pads_a_convolution_cannot_take_stay():
     net.check_numbers(result)
 
 
+def test_a_pad_or_convolution_kept_out_of_fusion_stays():
+    """--skip_node_names_cfg by op type (Pad, or Conv2D) keeps the pair as it is."""
+    net = Net(lambda x, c: _padded_conv(x, c), (2, 11, 10, 4))
+    for skipped in ("Pad", "Conv2D"):
+        result = net.rewrite(skip_types=frozenset({skipped}))
+        assert "Pad" in _ops(result.graph_def), skipped
+        net.check_numbers(result)
+
+
 def test_a_pad_of_the_channels_stays():
     """Structure only: TensorFlow's oneDNN build fails to run this graph unfused (above)."""
     net = Net(lambda x, c: tf.nn.conv2d(tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1))),

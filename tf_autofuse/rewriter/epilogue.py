@@ -225,9 +225,7 @@ def fuse_epilogues(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, 
         return graph_def, shapes, [], []
     view = GraphView(graph_def, shapes)
     editor = _Editor(view, shapes)
-    protected = frozenset(policy.preserve | policy.feeds | policy.skip_names) | {
-        node.name for node in view.nodes
-        if node.op in policy.skip_types or scope.disabled(node)}
+    protected = scope.kept_out(view, policy)
     done, refusals, rewired = [], [], False
     for name in view.order:
         if view.node(name).op not in _FAMILY or name in editor.removed or name in protected:

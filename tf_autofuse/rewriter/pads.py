@@ -10,9 +10,9 @@ be ordered differently, as accurate either way (tests/test_epilogue.py). So a `P
 an NHWC input by constant amounts, is dropped and the convolution reads the unpadded input.
 
 Not taken: depthwise convolutions (TensorFlow's `_FusedDepthwiseConv2dNative`, which the
-epilogue pass may make of one, has no explicit padding), a Pad the caller feeds, fetches or keeps
-out of fusion, a Pad read by anything else, NCHW, padding of the batch or channel axes. A Pad
-left alone is not a refusal: nothing was to be fused.
+epilogue pass may make of one, has no explicit padding), a Pad or convolution the caller feeds,
+fetches or keeps out of fusion (scope.kept_out), a Pad read by anything else, NCHW, padding of
+the batch or channel axes. A Pad left alone is not a refusal: nothing was to be fused.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ def fold_pads(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, Seque
     if not any(node.op in PADS for node in graph_def.node):
         return graph_def, shapes, []
     view = GraphView(graph_def, shapes)
-    protected = frozenset(policy.preserve | policy.feeds | policy.skip_names)
+    protected = scope.kept_out(view, policy)
     replaced, removed, folded = {}, set(), []
     for name in view.order:
         node = view.node(name)
-        if node.op not in CONVOLUTIONS or name in protected or scope.disabled(node):
+        if node.op not in CONVOLUTIONS or name in protected:
             continue
         padded = _foldable_pad(view, name, protected | set(removed))
         if padded is None:
@@ -77,7 +77,7 @@ def _foldable_pad(view: GraphView, name: str, protected) -> Optional[tuple]:
     if pad not in view or index != 0 or pad in protected:
         return None
     node = view.node(pad)
-    if node.op not in PADS or scope.disabled(node) or node.device != conv.device:
+    if node.op not in PADS or node.device != conv.device:
         return None
     if [c for c, _, _ in view.data_consumers(pad)] != [name] or view.control_consumers(pad):
         return None
