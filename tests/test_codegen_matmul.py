@@ -388,7 +388,8 @@ def test_a_convolution_and_its_epilogue_are_refused_with_the_reason(tmp_path):
 
 def test_a_session_debug_dump_shows_the_matmul_epilogue_kernel(tmp_path):
     """A v1 Session with the named optimizer and --codegen_compile_debug: the session's numbers
-    are unchanged (the MatMul and its epilogue run as today) and the dump holds the mix kernel."""
+    are those without the dump (the MatMul and its epilogue run on the CPU) and the dump holds
+    the mix kernel."""
     import tensorflow as tf
 
     from sessions import config
