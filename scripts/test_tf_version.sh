@@ -16,7 +16,13 @@ PYTHON=${PYTHON:-python3}
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install "tensorflow-cpu==$VERSION" pytest hypothesis mpmath
+# The wheels come from the package registry: a download cut short fails pip's hash check, and a
+# second attempt fetches it again (three attempts, then the failure stands).
+for attempt in 1 2 3; do
+  "${PIP[@]}" install "tensorflow-cpu==$VERSION" pytest hypothesis mpmath && break
+  [ "$attempt" = 3 ] && exit 1
+  echo "pip install failed (attempt $attempt of 3), trying again" >&2
+done
 before=$("${PIP[@]}" list --format=freeze | sort)
 "${PIP[@]}" install "$ROOT"
 after=$("${PIP[@]}" list --format=freeze | sort)
