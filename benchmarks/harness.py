@@ -62,7 +62,7 @@ QUICK_WARMUP = 1
 BOOKKEEPING_OPS = frozenset({"_Arg", "_Retval", "Const", "NoOp", "ReadVariableOp", "Identity",
                              "VarHandleOp", "AssignVariableOp", "Switch", "Merge", "_SOURCE",
                              "_SINK", "_Recv", "_Send", "_DeviceArg", "_DeviceRetval"})
-AUTOFUSE_OPS = frozenset({"AutofuseKernel"})
+AUTOFUSE_OPS = frozenset({"AutofuseKernel", "AutofuseAssignKernel"})
 XLA_OPS = frozenset({"_XlaCompile", "_XlaRun"})
 
 

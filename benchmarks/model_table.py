@@ -116,7 +116,7 @@ def cell_of_run(model: str, mode: str, batch: int, smoke: bool, graphs, first_ms
 
     kernels = profiling.compute_kernels(graphs)
     nodes = [n for g in graphs for n in g.node]
-    fused = (sum(1 for n in nodes if n.op == "AutofuseKernel") if mode != "xla"
+    fused = (sum(1 for n in nodes if n.op in harness.AUTOFUSE_OPS) if mode != "xla"
              else sum(1 for n in nodes if n.op in XLA_RUN_OPS))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return {"model": model, "mode": mode, "batch": batch, "smoke": smoke, "pid": os.getpid(),

@@ -19,6 +19,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
 
 import sessions
+from tf_autofuse import rewriter
 from tf_autofuse.rewriter import catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,7 +41,7 @@ def run_graph(graph, fetches, feeds=None, fuse=True, init=None, **cfg):
 
 
 def fused(executed):
-    return sorted(n for n, op in executed.items() if op == "AutofuseKernel")
+    return sorted(n for n, op in executed.items() if op in rewriter.FUSED_OPS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,6 +446,8 @@ def test_variables_and_assignments(use_resource):
         return [y, after], None
     unfused, fused_values, executed = both(build, init=True)
     assert fused(executed), executed
+    # a resource variable's assignment is carried out by the kernel computing its value
+    assert ("AutofuseAssignKernel" in executed.values()) == use_resource, executed
     assert_same(unfused, fused_values)
 
 

@@ -34,6 +34,7 @@ from .rewriter.graph import GraphView, merge_shapes, node_name
 from .rewriter.patterns import Pattern
 
 FUSED_OP = rewriter.FUSED_OP
+FUSED_OPS = rewriter.FUSED_OPS
 assert set(_FLAG_COST_MODELS) == {cost.NONE, *cost.MODELS}
 
 
@@ -531,7 +532,7 @@ def count_operators(graph_def, known: Optional[Mapping[str, int]] = None) -> int
     for node in graph_def.node:
         if node.op in profiling.BOOKKEEPING_OPS:
             continue
-        if node.op == FUSED_OP:
+        if node.op in FUSED_OPS:
             total += fused_operators(node, known)
         else:
             total += known[node.name] if known and node.name in known else node_operators(node)

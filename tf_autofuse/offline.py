@@ -210,7 +210,7 @@ def inspect_model(path: str) -> str:
     kind = model_kind(path)
     if kind == "savedmodel":
         graphs = _graphs_of_saved_model(path)
-        holding = [g for g in graphs if any(n.op == _fuser.FUSED_OP for n in g.node)]
+        holding = [g for g in graphs if any(n.op in _fuser.FUSED_OPS for n in g.node)]
         main = max(holding or graphs, key=lambda g: len(g.node))
     else:
         main = read_graph_def(path)
@@ -220,7 +220,7 @@ def inspect_model(path: str) -> str:
     rows, seen = [], set()
     for graph in holding:
         for node in graph.node:
-            if node.op != _fuser.FUSED_OP or node.name in seen:
+            if node.op not in _fuser.FUSED_OPS or node.name in seen:
                 continue
             seen.add(node.name)
             row = dict(known.get(node.name) or {})

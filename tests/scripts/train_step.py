@@ -55,7 +55,8 @@ def main(out_path, model_name="dense"):
         return loss, grads
 
     graphs = [g for g in profiling.executed_function_graphs(train_step, x, y)
-              if any(n.op.endswith("Grad") or n.op == "AutofuseKernel" for n in g.node)]
+              if any(n.op.endswith("Grad") or n.op in ("AutofuseKernel", "AutofuseAssignKernel")
+                                                           for n in g.node)]
     losses, gradients = [], []
     for _ in range(STEPS):
         loss, grads = train_step(x, y)
@@ -65,7 +66,8 @@ def main(out_path, model_name="dense"):
     np.savez(out_path, losses=np.array(losses), gradients=np.array(gradients), weights=weights)
     print(json.dumps({
         "ops": sorted({n.op for g in graphs for n in g.node}),
-        "kernels": sorted(n.name for g in graphs for n in g.node if n.op == "AutofuseKernel"),
+        "kernels": sorted(n.name for g in graphs for n in g.node
+                          if n.op in ("AutofuseKernel", "AutofuseAssignKernel")),
     }))
 
 

@@ -41,6 +41,7 @@
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/logging.h"
 #include "tf_compat.h"
+#include "variables.h"
 
 namespace tf_autofuse {
 namespace {
@@ -119,13 +120,15 @@ DataType ToDataType(DType dtype) {
   return tensorflow::DT_INVALID;
 }
 
-// Tin and Tout must be the program's input and output dtypes.
+// Tin and Tout must be the program's input and output dtypes; the program's inputs after Tin's
+// are the `num_reads` variable reads of an AutofuseAssignKernel.
 absl::Status CheckSignature(const Program& program, tensorflow::DataTypeSlice tin,
-                            tensorflow::DataTypeSlice tout) {
-  if (tin.size() != program.inputs.size()) {
+                            tensorflow::DataTypeSlice tout, size_t num_reads) {
+  if (tin.size() + num_reads != program.inputs.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the node has ", tin.size(), " input(s) but the program declares ",
-        program.inputs.size()));
+        "the node has ", tin.size(), " input(s)",
+        num_reads == 0 ? "" : absl::StrCat(" and ", num_reads, " variable read(s)"),
+        " but the program declares ", program.inputs.size()));
   }
   for (size_t j = 0; j < tin.size(); ++j) {
     const DType declared = program.inputs[j].dtype;
@@ -151,12 +154,18 @@ absl::Status CheckSignature(const Program& program, tensorflow::DataTypeSlice ti
   return absl::OkStatus();
 }
 
+// How many program inputs an AutofuseAssignKernel reads from variables (its `reads` attr).
+size_t NumVariableReads(const tensorflow::AttrSlice& attrs) {
+  const tensorflow::AttrValue* reads = attrs.Find("reads");
+  return reads == nullptr ? 0 : static_cast<size_t>(reads->list().i_size());
+}
+
 // Parses the program and checks it against the node's types; `who` starts every message.
 absl::Status LoadProgram(const std::string& text, tensorflow::DataTypeSlice tin,
-                         tensorflow::DataTypeSlice tout, const std::string& who,
+                         tensorflow::DataTypeSlice tout, size_t num_reads, const std::string& who,
                          Program* program) {
   absl::Status status = ParseProgram(text, program);
-  if (status.ok()) status = CheckSignature(*program, tin, tout);
+  if (status.ok()) status = CheckSignature(*program, tin, tout, num_reads);
   if (status.ok()) return status;
   return absl::InvalidArgumentError(absl::StrCat(who, ": ", status.message()));
 }
@@ -287,13 +296,20 @@ absl::Status InferShapes(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->GetAttr("Tin", &tin));
   TF_RETURN_IF_ERROR(c->GetAttr("Tout", &tout));
   Program program;
-  TF_RETURN_IF_ERROR(LoadProgram(text, tin, tout, "AutofuseKernel", &program));
-  // Every input narrowed by its declaration, then read through its view.
-  std::vector<ShapeHandle> views(c->num_inputs());
-  for (int j = 0; j < c->num_inputs(); ++j) {
+  std::vector<int> reads;  // an AutofuseAssignKernel's variable reads; an AutofuseKernel has none
+  if (!c->GetAttr("reads", &reads).ok()) reads.clear();
+  TF_RETURN_IF_ERROR(LoadProgram(text, tin, tout, reads.size(), "AutofuseKernel", &program));
+  // Every input narrowed by its declaration, then read through its view; a variable read is
+  // its declaration.
+  const int num_tensor_inputs = static_cast<int>(tin.size());
+  std::vector<ShapeHandle> views(program.inputs.size());
+  for (int j = 0; j < static_cast<int>(program.inputs.size()); ++j) {
     const InputDecl& decl = program.inputs[j];
     ShapeHandle input;
-    absl::Status status = c->Merge(c->input(j), MakeShape(c, decl.shape), &input);
+    absl::Status status =
+        j < num_tensor_inputs ? c->Merge(c->input(j), MakeShape(c, decl.shape), &input)
+                              : absl::OkStatus();
+    if (j >= num_tensor_inputs) input = MakeShape(c, decl.shape);
     if (!status.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "AutofuseKernel: input ", j, " has shape ", c->DebugString(c->input(j)),
@@ -343,9 +359,16 @@ class AutofuseKernelOp : public OpKernel {
     std::string text;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("program", &text));
     Program program;
-    OP_REQUIRES_OK(ctx, LoadProgram(text, ctx->input_types(), ctx->output_types(),
-                                    absl::StrCat("AutofuseKernel '", ctx->def().name(), "'"),
+    int num_variables = 0;
+    if (ctx->HasAttr("num_variables")) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("num_variables", &num_variables));
+    }
+    num_tensor_inputs_ = ctx->num_inputs() - num_variables;
+    const tensorflow::DataTypeSlice tin = ctx->input_types().subspan(0, num_tensor_inputs_);
+    OP_REQUIRES_OK(ctx, LoadProgram(text, tin, ctx->output_types(),
+                                    NumVariableReads(ctx->def()), Who(ctx->def().name()),
                                     &program));
+    OP_REQUIRES_OK(ctx, VariableBindings::FromNode(ctx, program, num_tensor_inputs_, &variables_));
     num_inputs_ = static_cast<int>(program.inputs.size());
     HoistedProgram split;
     if (SplitInvariants(program, &split)) {  // hoist.h: invariants computed once per run
@@ -389,15 +412,53 @@ class AutofuseKernelOp : public OpKernel {
 
  private:
   void Run(OpKernelContext* ctx) {
+    // An AutofuseAssignKernel holds its variables' locks until it has stored its outputs.
+    LockedVariables variables;
+    std::vector<Tensor> inputs(num_inputs_);
+    for (int j = 0; j < num_tensor_inputs_; ++j) inputs[j] = ctx->input(j);
+    if (!variables_.empty()) {
+      OP_REQUIRES_OK(ctx, variables.Lock(ctx, num_tensor_inputs_, variables_.num_variables,
+                                         Who(name())));
+      for (size_t r = 0; r < variables_.reads.size(); ++r) {
+        OP_REQUIRES_OK(ctx, variables.Read(variables_.reads[r], Who(name()),
+                                           &inputs[num_tensor_inputs_ + r]));
+      }
+      for (size_t k = 0; k < variables_.writes.size(); ++k) {
+        if (variables_.writes[k] < 0) continue;
+        OP_REQUIRES_OK(ctx, variables.CheckWrite(variables_.writes[k],
+                                                 ctx->expected_output_dtype(k), Who(name())));
+      }
+    }
+    if (!Compute(ctx, inputs)) return;
+    for (size_t k = 0; k < variables_.writes.size(); ++k) {
+      if (variables_.writes[k] < 0) continue;
+      OP_REQUIRES_OK(ctx, variables.Write(variables_.writes[k], *ctx->mutable_output(k),
+                                          Who(name())));
+    }
+  }
+
+  // Runs the program over `inputs` (the node's tensor inputs, then the variables it reads) into
+  // the node's outputs; false after an error set on ctx.
+  bool Compute(OpKernelContext* ctx, const std::vector<Tensor>& inputs) {
     const Program& program = interpreter_->program();
-    std::vector<std::vector<int64_t>> shapes(ctx->num_inputs());
+    std::vector<std::vector<int64_t>> shapes(num_inputs_);
     for (int j = 0; j < num_inputs_; ++j) {
-      const TensorShape& input_shape = ctx->input(j).shape();
-      OP_REQUIRES(ctx, MatchesDecl(input_shape, program.inputs[j].shape),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "AutofuseKernel '", name(), "': input ", j, " has shape ",
-                      ShapeString(input_shape), " but the program declares in", j, ": ",
-                      DeclString(program.inputs[j]))));
+      const TensorShape& input_shape = inputs[j].shape();
+      if (j >= num_tensor_inputs_ &&
+          inputs[j].dtype() != ToDataType(program.inputs[j].dtype)) {
+        ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(
+            Who(name()), ": input ", j, " (a variable) has dtype ",
+            tensorflow::DataTypeString(inputs[j].dtype()), " but the program declares in", j,
+            ": ", DeclString(program.inputs[j]))));
+        return false;
+      }
+      if (!MatchesDecl(input_shape, program.inputs[j].shape)) {
+        ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(
+            Who(name()), ": input ", j, j >= num_tensor_inputs_ ? " (a variable)" : "",
+            " has shape ", ShapeString(input_shape), " but the program declares in", j, ": ",
+            DeclString(program.inputs[j]))));
+        return false;
+      }
       const auto dims = input_shape.dim_sizes();
       shapes[j].assign(dims.begin(), dims.end());
     }
@@ -410,26 +471,35 @@ class AutofuseKernelOp : public OpKernel {
       std::vector<std::vector<int64_t>> prologue_shapes;
       for (int j : prologue_inputs_) {
         prologue_shapes.push_back(shapes[j]);
-        pio.inputs.push_back(ctx->input(j).tensor_data().data());
+        pio.inputs.push_back(inputs[j].tensor_data().data());
       }
       const absl::Status status = prologue_->Prepare(prologue_shapes, &prun);
-      OP_REQUIRES(ctx, status.ok(),
-                  absl::InvalidArgumentError(
-                      absl::StrCat("AutofuseKernel '", name(), "': ", status.message())));
+      if (!status.ok()) {
+        ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(Who(name()), ": ",
+                                                               status.message())));
+        return false;
+      }
       const Program& prologue = prologue_->program();
       invariants.resize(prologue.outputs.size());
       for (size_t k = 0; k < prologue.outputs.size(); ++k) {
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(ToDataType(prologue.OutputDType(k)),
-                                               TensorShape(prun.outputs[k]), &invariants[k]));
+        const absl::Status allocated =
+            ctx->allocate_temp(ToDataType(prologue.OutputDType(k)), TensorShape(prun.outputs[k]),
+                               &invariants[k]);
+        if (!allocated.ok()) {
+          ctx->SetStatus(allocated);
+          return false;
+        }
         pio.outputs.push_back(const_cast<char*>(invariants[k].tensor_data().data()));
         shapes.push_back(prun.outputs[k]);
       }
     }
     RunShape run;
     const absl::Status status = interpreter_->Prepare(shapes, &run);
-    OP_REQUIRES(ctx, status.ok(),
-                absl::InvalidArgumentError(
-                    absl::StrCat("AutofuseKernel '", name(), "': ", status.message())));
+    if (!status.ok()) {
+      ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(Who(name()), ": ",
+                                                             status.message())));
+      return false;
+    }
 
     // An NPU launch that fails may have written some outputs: never let them share an input's
     // buffer, which the CPU fallback still reads.
@@ -438,18 +508,17 @@ class AutofuseKernelOp : public OpKernel {
     IoBuffers io;
     io.inputs.resize(program.inputs.size());
     io.outputs.resize(ctx->num_outputs());
-    for (int j = 0; j < num_inputs_; ++j) {
-      io.inputs[j] = ctx->input(j).tensor_data().data();
-    }
+    for (int j = 0; j < num_inputs_; ++j) io.inputs[j] = inputs[j].tensor_data().data();
     for (size_t k = 0; k < invariants.size(); ++k) {
       io.inputs[num_inputs_ + k] = invariants[k].tensor_data().data();
     }
     for (int k = 0; k < ctx->num_outputs(); ++k) {
       const TensorShape shape(run.outputs[k]);
-      // Only an input of exactly the output's shape (and dtype, and not broadcast).
+      // Only a node input of exactly the output's shape (and dtype, and not broadcast); never
+      // a variable's value, which its variable still holds.
       std::vector<int> candidates;
       for (int j : interpreter_->ForwardableInputs(run, k)) {
-        if (j < num_inputs_ && ctx->input(j).shape() == shape && !try_npu) {
+        if (j < num_tensor_inputs_ && ctx->input(j).shape() == shape && !try_npu) {
           candidates.push_back(j);
         }
       }
@@ -457,11 +526,17 @@ class AutofuseKernelOp : public OpKernel {
       for (int j : candidates) {
         if (ctx->forward_input_to_output_with_shape(j, k, shape, &output)) break;
       }
-      if (output == nullptr) OP_REQUIRES_OK(ctx, AllocateOutput(ctx, k, shape, &output));
+      if (output == nullptr) {
+        const absl::Status allocated = AllocateOutput(ctx, k, shape, &output);
+        if (!allocated.ok()) {
+          ctx->SetStatus(allocated);
+          return false;
+        }
+      }
       io.outputs[k] = const_cast<char*>(output->tensor_data().data());
     }
 
-    if (try_npu && RunOnNpu(ctx, run, io)) return;
+    if (try_npu && RunOnNpu(ctx, inputs, run, io)) return true;
     if (prologue_ != nullptr) {
       pio.shared = SharedMemory(prologue_->SharedBytes(prun), /*slot=*/0);
       prologue_->RunAll(prun, pio);
@@ -469,8 +544,8 @@ class AutofuseKernelOp : public OpKernel {
     io.shared = SharedMemory(interpreter_->SharedBytes(run), /*slot=*/1);
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
     for (const Phase& phase : interpreter_->Phases(run)) RunPhase(workers, run, io, phase);
+    return true;
   }
-
   // A split run's memory shared by its phases (IoBuffers::shared), `bytes` of it, or null for
   // none: a buffer of the calling thread kept for its next calls (slot 0: the prologue's, 1: the
   // program's), so that a step does not allocate and fault in fresh pages for it.
@@ -555,13 +630,14 @@ class AutofuseKernelOp : public OpKernel {
 
   // The NPU path: the launcher copies the host buffers to the device and the results back.
   // false (after one warning, and for good for this kernel) when it fails: run on the CPU.
-  bool RunOnNpu(OpKernelContext* ctx, const RunShape& run, const IoBuffers& io) {
-    // the node's inputs only: the generated kernel computes the hoisted invariants itself
+  bool RunOnNpu(OpKernelContext* ctx, const std::vector<Tensor>& values, const RunShape& run,
+                const IoBuffers& io) {
+    // the program's inputs only: the generated kernel computes the hoisted invariants itself
     std::vector<const void*> inputs(io.inputs.begin(), io.inputs.begin() + num_inputs_);
     std::vector<void*> outputs(io.outputs.begin(), io.outputs.end());
-    std::vector<uint64_t> counts(ctx->num_inputs());
-    for (int j = 0; j < ctx->num_inputs(); ++j) {
-      counts[j] = static_cast<uint64_t>(ctx->input(j).NumElements());
+    std::vector<uint64_t> counts(num_inputs_);
+    for (int j = 0; j < num_inputs_; ++j) {
+      counts[j] = static_cast<uint64_t>(values[j].NumElements());
     }
     std::string error;
     if (npu_->Run(inputs, outputs, static_cast<uint64_t>(run.num_elements), &error,
@@ -576,7 +652,14 @@ class AutofuseKernelOp : public OpKernel {
     return false;
   }
 
-  int num_inputs_ = 0;                        // the node's; the main program may have more
+  // The messages' subject: "AutofuseKernel 'name'".
+  static std::string Who(const std::string& node) {
+    return absl::StrCat("AutofuseKernel '", node, "'");
+  }
+
+  int num_inputs_ = 0;         // the program's: the node's tensor inputs, then variable reads
+  int num_tensor_inputs_ = 0;  // the node's inputs before the variables' handles
+  VariableBindings variables_;  // an AutofuseAssignKernel's; empty otherwise
   std::unique_ptr<Interpreter> prologue_;     // the hoisted invariants, or null
   std::vector<int> prologue_inputs_;          // the node input each prologue input is
   std::unique_ptr<Interpreter> interpreter_;  // the program (its main part when hoisted)
@@ -598,7 +681,25 @@ REGISTER_OP("AutofuseKernel")
     .Attr("program: string")
     .SetShapeFn(InferShapes);
 
+// A fused kernel that also stores outputs into resource variables, and may read variables as
+// inputs (variables.h). Stateful: it must run even when nothing reads its outputs, and never be
+// merged with another by common-subexpression elimination.
+REGISTER_OP("AutofuseAssignKernel")
+    .Input("inputs: Tin")
+    .Input("variables: num_variables * resource")
+    .Output("outputs: Tout")
+    .Attr("Tin: list(type) >= 0")
+    .Attr("Tout: list(type) >= 1")
+    .Attr("num_variables: int >= 1")
+    .Attr("reads: list(int) = []")
+    .Attr("writes: list(int) = []")
+    .Attr("program: string")
+    .SetIsStateful()
+    .SetShapeFn(InferShapes);
+
 REGISTER_KERNEL_BUILDER(Name("AutofuseKernel").Device(tensorflow::DEVICE_CPU), AutofuseKernelOp);
+REGISTER_KERNEL_BUILDER(Name("AutofuseAssignKernel").Device(tensorflow::DEVICE_CPU),
+                        AutofuseKernelOp);
 
 }  // namespace tf_autofuse
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from .._warn import warn_once
+from ..rewriter.splice import FUSED_OPS
 from . import build as _build
 from .ascendc import Kernel, generate, precision_blacklist
 
@@ -292,7 +293,7 @@ def note_fused_graph(graph_def, blacklist, environ=None) -> int:
     that fused kernels run on the CPU. Returns the nodes stamped; never raises, builds nothing."""
     count = 0
     try:
-        nodes = [n for n in graph_def.node if n.op == "AutofuseKernel"]
+        nodes = [n for n in graph_def.node if n.op in FUSED_OPS]
         found, why = _detect(environ) if nodes else (None, "")
         if nodes and found is None:
             _say_no_cann(why)

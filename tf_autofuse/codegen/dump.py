@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
 from .._warn import warn_once
+from ..rewriter.splice import FUSED_OPS
 from . import build as _build
 from . import cann as _cann
 from . import cube as _cube
@@ -244,7 +245,8 @@ def main(argv=None) -> int:
         text_format.Parse(data.decode(), graph_def)
     except (UnicodeDecodeError, text_format.ParseError):
         graph_def.ParseFromString(data)
-    fusions = [(n.name, n.attr["program"].s.decode()) for n in graph_def.node if n.op == "AutofuseKernel"]
+    fusions = [(n.name, n.attr["program"].s.decode()) for n in graph_def.node
+               if n.op in FUSED_OPS]
     if not fusions:
         from ..rewriter import rewrite
 

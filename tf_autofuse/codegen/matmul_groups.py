@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from ..rewriter.splice import FUSED_OPS
 from . import cube
 from .kernel import Kernel
 
@@ -109,7 +110,7 @@ def find(graph_def, shapes=None) -> list:
         elif node.op in _CONVOLUTIONS and node.op.startswith("_"):
             groups.append(MatmulGroup(f"{name}_{node.op.lstrip('_')}", name, "", 0, None,
                                       f"{node.op}: {_CONV_REASON}"))
-        elif node.op == "AutofuseKernel":
+        elif node.op in FUSED_OPS:
             for k, (producer, index) in enumerate(view.data_inputs(name)):
                 if producer in view and view.node(producer).op in _CONVOLUTIONS:
                     text = node.attr["program"].s.decode()

@@ -11,6 +11,7 @@
     unfold.py     TensorFlow's fused elementwise nodes (oneDNN's _MklSwish) read as their ops
     lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
     output_views.py  a Reshape (Squeeze, ExpandDims) of a fused output stored as its view
+    assigns.py    variable writes of fused outputs carried out by their kernel (optimizer steps)
     passes.py     the IR passes (simplify, hoist) every kernel's program gets before printing
     scope.py      disable_autofuse(): the attr that keeps nodes out of every fusion
     naming.py     autofuse_<kind>_<n>_<Op>_<Op>...
@@ -31,18 +32,20 @@ from .errors import AutofuseError
 from .graph import GraphView, Shape, node_name
 from .lower import Unfusible, build, keeps_name, reads_view_node
 from .naming import Namer
+from .assigns import absorb_assignments
 from .output_views import absorb_output_views
 from .epilogue import OPERATORS, Epilogue, fuse_epilogues
 from .pads import fold_pads
 from .partition import Policy, Refusal, find_groups, lowering, plan_recomputation
 from .patterns import Pattern, PatternGraph, apply_patterns
-from .splice import FUSED_OP, Planned, splice
+from .splice import FUSED_OP, FUSED_OPS, Planned, splice
 from .unfold import FOLDED_OPS, alone, original_names, refold_graph, unfold_graph
 
 DEFAULTS = Policy()  # the one place the limits' defaults are written: partition.Policy
 
 __all__ = ["AutofuseError", "Fusion", "Pattern", "PatternGraph", "Policy", "Refusal", "Rewrite",
-           "rewrite", "optimize", "policy_from_flags", "FUSED_OP"]
+           "rewrite", "optimize", "policy_from_flags", "FUSED_OP",
+           "FUSED_OPS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,8 +236,12 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         return Rewrite(without_groups(), [], refusals, taken)
     errors.phase("output views")
     plans = absorb_output_views(view, plans, preserve | feeds)
+    errors.phase("assignments")
+    plans, assign_refusals = absorb_assignments(view, plans, feeds)
+    refusals = refusals + assign_refusals
     fusions = [Fusion(plan.name, kind, original_names(plan.members, unfolded),
-                      plan.lowered.op_types, plan.lowered.program.print(), plan.lowered.absorbed)
+                      plan.lowered.op_types, plan.lowered.program.print(),
+                      plan.lowered.absorbed + plan.lowered.assigns)
                for plan, kind in zip(plans, kinds)]
     # a Tile refused as a member may still be read through by its readers' kernel: then it is gone
     absorbed = {name for fusion in fusions for name in fusion.absorbed}

@@ -76,6 +76,14 @@ class Lowered:
     out_dtypes: tuple  # DataType of each output
     absorbed: tuple = ()  # view nodes read through (removed from the graph)
     kind: str = "pointwise"  # "pointwise", or "reduce" when the program reduces
+    # An AutofuseAssignKernel's variables (rewriter/assigns.py): the resource handles the node
+    # takes after `inputs`; per program input after `inputs`, the variable it reads; per output,
+    # the variable it is stored into (-1: none; () when no output is); the assignment nodes the
+    # kernel carries out (removed from the graph, or a NoOp where their name must stay).
+    variables: tuple = ()
+    variable_reads: tuple = ()
+    variable_writes: tuple = ()
+    assigns: tuple = ()
 
 
 def keeps_name(view: GraphView, name: str, preserve: AbstractSet[str]) -> bool:

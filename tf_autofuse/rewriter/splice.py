@@ -6,6 +6,10 @@ edges out of the group read the fused outputs directly; control edges `^member` 
 fused node, or stay on the member's Identity when it keeps its name. Every other node is
 copied as it is, with only the input strings (and `loc:@` colocation) that named a removed
 member rewritten.
+
+A kernel that carries out variable assignments (rewriter/assigns.py) is an
+AutofuseAssignKernel taking the variables' handles after its tensor inputs; the assignments go,
+or stay as a NoOp waiting on it where their name must (a function's control output).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from .graph import GraphView, Tensor, parse_input, tensor_name
 from .lower import Lowered
 
 FUSED_OP = "AutofuseKernel"
+ASSIGN_OP = "AutofuseAssignKernel"  # a fused kernel that also writes variables
+FUSED_OPS = frozenset({FUSED_OP, ASSIGN_OP})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +52,8 @@ class _Remap:
             for absorbed in plan.lowered.absorbed:  # view nodes only the fused node read
                 if absorbed not in read:
                     self.control[absorbed] = plan.name
+            for assign in plan.lowered.assigns:
+                self.control[assign] = plan.name
 
     def touches(self, node: node_def_pb2.NodeDef) -> bool:
         return any(parse_input(text)[0] in self.control for text in node.input)
@@ -77,13 +85,27 @@ class _Remap:
 
 
 def _fused_node(plan: Planned, remap: _Remap) -> node_def_pb2.NodeDef:
-    node = node_def_pb2.NodeDef(name=plan.name, op=FUSED_OP, device=plan.device)
-    node.input.extend(tensor_name(remap.data(t)) for t in plan.lowered.inputs)
-    controls = sorted({remap.control.get(c, c) for c in plan.lowered.control_inputs})
+    lowered = plan.lowered
+    node = node_def_pb2.NodeDef(name=plan.name, op=ASSIGN_OP if lowered.variables else FUSED_OP,
+                                device=plan.device)
+    node.input.extend(tensor_name(remap.data(t)) for t in lowered.inputs)
+    node.input.extend(tensor_name(t) for t in lowered.variables)
+    controls = sorted({remap.control.get(c, c) for c in lowered.control_inputs})
     node.input.extend("^" + c for c in controls)
-    node.attr["program"].s = plan.lowered.program.print().encode()
-    node.attr["Tin"].list.type.extend(plan.lowered.in_dtypes)
-    node.attr["Tout"].list.type.extend(plan.lowered.out_dtypes)
+    node.attr["program"].s = lowered.program.print().encode()
+    node.attr["Tin"].list.type.extend(lowered.in_dtypes)
+    node.attr["Tout"].list.type.extend(lowered.out_dtypes)
+    if lowered.variables:
+        node.attr["num_variables"].i = len(lowered.variables)
+        node.attr["reads"].list.i.extend(lowered.variable_reads)
+        node.attr["writes"].list.i.extend(lowered.variable_writes)
+    return node
+
+
+def _kept_assign(plan: Planned, name: str, view: GraphView) -> node_def_pb2.NodeDef:
+    """An assignment the kernel carries out whose name must stay: a NoOp waiting on it."""
+    node = node_def_pb2.NodeDef(name=name, op="NoOp", device=view.device(name))
+    node.input.append("^" + plan.name)
     return node
 
 
@@ -139,6 +161,8 @@ def splice(view: GraphView, plans: list[Planned], preserve=frozenset()) -> graph
             for member in plan.members:
                 if member in plan.keep_names:
                     out.node.append(_identity(plan, member, view))
+            out.node.extend(_kept_assign(plan, name, view) for name in plan.lowered.assigns
+                            if name in preserve)
         if node.name in remap.control or node.name in dead:
             continue
         copy = out.node.add()
