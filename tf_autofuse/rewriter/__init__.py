@@ -8,6 +8,7 @@
     epilogue.py   convolutions' and MatMuls' per-channel maps and activations, handed to
                   TensorFlow's own fused kernels (_FusedConv2D, ...), run before the partitioner
     pads.py       a zero Pad before a convolution read as the convolution's explicit padding
+    reshaped_sums.py  a Reshape of a Sum over leading axes read as the Sum of a Reshape
     unfold.py     TensorFlow's fused elementwise nodes (oneDNN's _MklSwish) read as their ops
     lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
     output_views.py  a Reshape (Squeeze, ExpandDims) of a fused output stored as its view
@@ -36,6 +37,7 @@ from .assigns import absorb_assignments
 from .output_views import absorb_output_views
 from .epilogue import OPERATORS, Epilogue, fuse_epilogues
 from .pads import fold_pads
+from .reshaped_sums import reshape_sums
 from .partition import Policy, Refusal, find_groups, lowering, plan_recomputation
 from .patterns import Pattern, PatternGraph, apply_patterns
 from .splice import FUSED_OP, FUSED_OPS, Planned, splice
@@ -168,6 +170,10 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         graph_def, shapes, taken, epilogue_refusals = fuse_epilogues(graph_def, shapes, policy)
         # epilogues taken, fused operators' biases rewired, or pads folded into convolutions
         rewired = graph_def is not before
+    if auto and policy.reduce:
+        errors.phase("reshaped sums")
+        graph_def, shapes, reshaped = reshape_sums(graph_def, shapes, policy)
+        rewired = rewired or bool(reshaped)
     view = GraphView(graph_def, shapes)
 
     computed: set = set()  # members of the partitioner's groups: never read through
