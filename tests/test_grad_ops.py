@@ -412,6 +412,33 @@ def test_a_program_with_reductions_reads_a_tile_as_it_is():
     np.testing.assert_allclose(got, fused.run("out", feeds, original=True), atol=1e-6)
 
 
+@pytest.mark.parametrize("scaled", [True, False])
+def test_a_program_with_reductions_reads_a_tile_broadcast_along_kept_axes(scaled):
+    """The gradient of a global average pool, as ResNet's training step has it before a
+    BatchNormalization's backward: dy [4,8] -> [4,1,1,8], tiled over the 3x3 pixels, / 9, times
+    the ReluGrad mask, then sums over [0,1,2]. The Tile's operand is not 1 along the reduced
+    batch axis, so it is no reduced value: the program reads it broadcast (sums included, which
+    count each element as often as the Tile repeats it) and the Tile goes."""
+    graph = tf.Graph()
+    with graph.as_default():
+        dy = tf1.placeholder(tf.float32, [4, 8], name="dy")
+        x = tf1.placeholder(tf.float32, [4, 3, 3, 8], name="x")
+        t = tf.tile(tf.reshape(dy, [4, 1, 1, 8]), [1, 3, 3, 1], name="t")
+        g = tf.raw_ops.ReluGrad(gradients=t / 9.0 if scaled else t, features=x, name="g")
+        tf.identity(tf.reduce_sum(g * x, axis=[0, 1, 2]), name="dscale")
+        tf.identity(g - tf.reduce_sum(g, axis=[0, 1, 2]) / 36.0, name="dx")
+    fused = tf_autofuse.fuse(graph, outputs=["dscale", "dx"], passes=["pointwise", "reduce"])
+    assert "t" not in {n.name for n in fused.graph_def.node}, fused.report()
+    assert any("t" in set(f.nodes) | set(f.absorbed) for f in fused.fusions)
+    rng = np.random.default_rng(10)
+    feeds = {"dy": rng.normal(0, 1, (4, 8)).astype(np.float32),
+             "x": rng.normal(0, 1, (4, 3, 3, 8)).astype(np.float32)}
+    for name in ("dscale", "dx"):
+        got, want = fused.run(name, feeds), fused.run(name, feeds, original=True)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_reduction_never_reads_a_tile_broadcast():
     """The Tile's reader is a Sum: it reduces the Tile's output, never its operand broadcast
     (which would sum 1 element where the Tile has 3)."""

@@ -624,6 +624,9 @@ def _input_view(view: GraphView, plan: _Plan, tensor: Tensor, shape, placement, 
                     through = tensor[0]
             else:
                 read = _broadcast_read(view, producer, inner, shape, placement, rank)
+                if read is not None and plan.reduce_axes is not None and all(
+                        read[a] == 1 for a in plan.reduce_axes):
+                    read = None  # it would be a reduced value (see _emit)
                 if read is not None:
                     source, decl_shape, through = inner, view.tensor_shape(inner), tensor[0]
                     view_ = None if read == tuple(decl_shape) else read
@@ -736,13 +739,15 @@ def _emit(view: GraphView, plan: _Plan, absorbable) -> Lowered:
     input_tensors, in_dtypes, absorbed = [], [], []
     reads = []  # the shape each input is read as
     refs: dict[str, ir.Ref] = {}
-    # reads through view nodes, not Tiles. A program with reductions never reads a Tile's
-    # operand broadcast: a reduction's operand is a full value, and values computed from that
-    # operand would be reduced ones, of another shape than the Tile's readers have in TF.
+    # reads through view nodes and Tiles; views_only: not Tiles (the fallback when reading a
+    # Tile's operand broadcast loses the iteration shape or makes no valid program). A program
+    # with reductions reads a Tile's operand broadcast only when it is not 1 along every reduced
+    # axis (_input_view): values computed from it alone would be reduced ones, of another shape
+    # than the Tile's readers have in TF.
     views_only = None if absorbable is None else (
         lambda name, members: catalog.tf_op(view.node(name).op).kind != catalog.EXPAND
         and absorbable(name, members))
-    reads_through = absorbable if plan.reduce_axes is None else views_only
+    reads_through = absorbable
 
     def input_ref(tensor: Tensor, shape, placement, dtype) -> ir.Ref:
         source, decl_shape, view_, through = _input_view(view, plan, tensor, shape, placement,
@@ -791,6 +796,9 @@ def _emit(view: GraphView, plan: _Plan, absorbable) -> Lowered:
         program = ir.FusedProgram(decls, instructions, [refs[n] for n in outputs],
                                   plan.output_views)
     except ValueError as err:
+        if reads_through is not views_only and any(
+                catalog.tf_op(view.node(n).op).kind == catalog.EXPAND for n in absorbed):
+            return _emit(view, plan, views_only)
         raise Unfusible(f"the program is not valid: {err}") from None
     out_dtypes = tuple(ir.DTYPES[d] for d in program.output_dtypes())
     member_set = plan.member_set
