@@ -315,6 +315,24 @@ def test_keras_batch_norm_training_step_leaves_no_gradient_plumbing(tmp_path):
         np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-4, atol=1e-5, err_msg=key)
 
 
+def test_a_small_conv_net_trains_as_tensorflow_does(tmp_path):
+    """10 steps of SGD with momentum of a conv net with BatchNormalization and swish: the loss
+    curve is TensorFlow's to 5 digits, and the optimizer's writes are carried out by fused
+    kernels (AutofuseAssignKernel): no AssignAddVariableOp is left."""
+    script = ROOT / "tests/scripts/train_step.py"
+    on = json.loads(python([script, tmp_path / "on.npz", "conv_swish"],
+                           "--enable_autofuse=true;--autofuse_enable_pass=reduce",
+                           tmp_path).splitlines()[-1])
+    off = json.loads(python([script, tmp_path / "off.npz", "conv_swish"], None,
+                            tmp_path).splitlines()[-1])
+    assert "AssignAddVariableOp" in off["ops"] and "AssignAddVariableOp" not in on["ops"]
+    assert "AutofuseAssignKernel" in on["ops"], on["ops"]
+    fused, unfused = np.load(tmp_path / "on.npz"), np.load(tmp_path / "off.npz")
+    assert len(fused["losses"]) == 10 and fused["losses"][-1] < fused["losses"][0]
+    np.testing.assert_allclose(fused["losses"], unfused["losses"], rtol=1e-5)
+    np.testing.assert_allclose(fused["weights"], unfused["weights"], rtol=1e-4, atol=1e-5)
+
+
 # --- Tile of size-1 axes: a broadcast ------------------------------------------------------------
 
 
