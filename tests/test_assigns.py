@@ -44,8 +44,7 @@ def _momentum_step(validate: bool = True, update: str = "AssignAddVariableOp", w
 def _rewrite(graph, preserve=("train",)):
     graph_def = graph.as_graph_def()
     shapes = {n.name: [SHAPE] for n in graph_def.node if n.op == "ReadVariableOp"}
-    return rewriter.rewrite(graph_def, preserve=list(preserve), shapes=shapes,
-                            flags="--enable_autofuse=true")
+    return rewriter.rewrite(graph_def, preserve=list(preserve), shapes=shapes)
 
 
 def _node(graph_def, name):
@@ -120,3 +119,20 @@ def test_assignments_that_stay_nodes_say_why(options, reason):
     assert ("assign_m", reason) in result.refusals
     (fusion,) = result.fusions
     assert _node(result.graph_def, fusion.name).op == "AutofuseKernel"
+
+
+def test_the_assign_pass_is_on_by_default_and_can_be_turned_off():
+    """--autofuse_disable_pass=assign (the API's passes without "assign") leaves every
+    assignment a node of its own, and the kernel an AutofuseKernel."""
+    import tf_autofuse
+
+    assert rewriter.Policy().assign and tf_autofuse.Fuser().config.policy().assign
+    flags = tf_autofuse.flags.Flags(autofuse_disable_pass=("assign",))
+    assert not rewriter.policy_from_flags(flags).assign
+    graph, _, _, _ = _momentum_step()
+    graph_def = graph.as_graph_def()
+    shapes = {n.name: [SHAPE] for n in graph_def.node if n.op == "ReadVariableOp"}
+    result = rewriter.rewrite(graph_def, preserve=["train"], shapes=shapes, flags=flags)
+    ops = {n.name: n.op for n in result.graph_def.node}
+    assert ops["assign_m"] == "AssignVariableOp" and ops["update_w"] == "AssignAddVariableOp"
+    assert ops[result.fusions[0].name] == "AutofuseKernel"

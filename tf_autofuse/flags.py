@@ -47,9 +47,10 @@ def _parse_path(text: str) -> str:
 
 # pointwise: the elementwise partitioner; reduce: reductions in its groups; epilogue: biases and
 # activations after convolutions and MatMuls run by TensorFlow's fused kernels; epilogue_scale:
-# per-channel scales too (BatchNormalization), folded into the filter where it is the smaller
-PASSES = ("pointwise", "reduce", "epilogue", "epilogue_scale")
-ON_BY_DEFAULT = ("pointwise", "epilogue", "epilogue_scale")
+# per-channel scales too (BatchNormalization), folded into the filter where it is the smaller;
+# assign: variable writes of fused outputs carried out by their kernel (rewriter/assigns.py)
+PASSES = ("pointwise", "reduce", "epilogue", "epilogue_scale", "assign")
+ON_BY_DEFAULT = ("pointwise", "epilogue", "epilogue_scale", "assign")
 
 
 def _parse_passes(text: str) -> tuple:
@@ -260,8 +261,8 @@ class Flags:
         return dataclasses.replace(self, **values)
 
     def pass_enabled(self, name: str) -> bool:
-        """pointwise, epilogue, epilogue_scale: unless disabled; reduce: when enabled and not
-        disabled."""
+        """pointwise, epilogue, epilogue_scale, assign: unless disabled; reduce: when enabled
+        and not disabled."""
         if name in self.autofuse_disable_pass:
             return False
         return name in ON_BY_DEFAULT or name in self.autofuse_enable_pass

@@ -194,6 +194,7 @@ class FuserConfig:
             reduce="reduce" in values["passes"],
             epilogue="epilogue" in values["passes"],
             epilogue_scale="epilogue_scale" in values["passes"],
+            assign="assign" in values["passes"],
             recomputation_threshold=values["recomputation_threshold"],
             skip_names=frozenset(values["skip_node_names"]),
             skip_types=frozenset(values["skip_op_types"]),

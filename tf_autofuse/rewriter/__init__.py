@@ -87,6 +87,7 @@ def policy_from_flags(flags, preserve=frozenset()) -> Policy:
         reduce="reduce" in enable and "reduce" not in disable,
         epilogue="epilogue" not in disable,
         epilogue_scale="epilogue_scale" not in disable,
+        assign="assign" not in disable,
         recomputation_threshold=int(getattr(flags, "recomputation_threshold",
                                             DEFAULTS.recomputation_threshold)),
         skip_names=frozenset(getattr(skip, "names", ()) or ()),
@@ -242,9 +243,10 @@ def _rewrite(source: graph_pb2.GraphDef, preserve: frozenset, policy: Policy, sh
         return Rewrite(without_groups(), [], refusals, taken)
     errors.phase("output views")
     plans = absorb_output_views(view, plans, preserve | feeds)
-    errors.phase("assignments")
-    plans, assign_refusals = absorb_assignments(view, plans, feeds)
-    refusals = refusals + assign_refusals
+    if policy.assign:
+        errors.phase("assignments")
+        plans, assign_refusals = absorb_assignments(view, plans, feeds)
+        refusals = refusals + assign_refusals
     fusions = [Fusion(plan.name, kind, original_names(plan.members, unfolded),
                       plan.lowered.op_types, plan.lowered.program.print(),
                       plan.lowered.absorbed + plan.lowered.assigns)

@@ -53,6 +53,7 @@ class Policy:
     reduce: bool = False
     epilogue: bool = True  # convolutions' and MatMuls' epilogues into TF's fused kernels
     epilogue_scale: bool = True  # ... with a per-channel scale (folded into the filter)
+    assign: bool = True  # variable writes of fused outputs carried out by their kernel
     recomputation_threshold: int = 0
     skip_names: frozenset = frozenset()
     skip_types: frozenset = frozenset()
