@@ -5,6 +5,7 @@ one step against a float64 run of the same weights.
     python benchmarks/train_table.py                      # ResNet50, EfficientNetB0, transformer
     python benchmarks/train_table.py --models transformer --steps 20 --json train.json
     python benchmarks/train_table.py --smoke              # tiny transformer, 2 steps (CI)
+    python benchmarks/train_table.py --rounds 3           # each cell 3 times, modes interleaved
 
 Models (weights=None, keras.utils.set_random_seed(0), batch --batch, default 16): ResNet50 and
 EfficientNetB0 on 64x64x3 images with 10 classes (sparse cross-entropy on logits), the suite's
@@ -132,9 +133,24 @@ def worker(model: str, mode: str, batch: int, steps: int, warmup: int, smoke: bo
                              out_path)
 
 
-def run_cell(model: str, mode: str, args, out_dir: str) -> dict:
-    return table.run_cell(model, mode, args, out_dir, script=__file__, prefix=PREFIX,
+def run_cell(model: str, mode: str, args, out_dir: str, tag: str = "") -> dict:
+    return table.run_cell(model, mode, args, out_dir, tag=tag, script=__file__, prefix=PREFIX,
                           suffix=".npz")
+
+
+def merged_rounds(cells: list) -> dict:
+    """One cell from the rounds of a (model, mode): the first round's, with the median over
+    rounds of its times and memory (each round's step time kept in `round_median_ms`)."""
+    done = [c for c in cells if "error" not in c]
+    if not done:
+        return cells[0]
+    merged = dict(done[0])
+    for key in ("median_ms", "first_ms", "peak_rss_mib", "model_rss_mib"):
+        values = [c[key] for c in done if c.get(key) is not None]
+        if values:
+            merged[key] = statistics.median(values)
+    merged["round_median_ms"] = [c["median_ms"] for c in done]
+    return merged
 
 
 def gradient_errors(cells: list) -> None:
@@ -192,6 +208,10 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny transformer only, 2 steps: checks the script")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each (model, mode) this many times, the modes interleaved; "
+                             "the times are the median over rounds (a fresh process's step "
+                             "time varies by 5-10 %% from one process to the next)")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -205,23 +225,32 @@ def main(argv=None) -> int:
         return 0
 
     models, modes = table.selected(parser, args, MODELS)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     cells = []
     with tempfile.TemporaryDirectory(prefix="train_table_") as out_dir:
         for model in models:
-            for mode in modes:
-                print(f"{model} / {mode} ...", file=sys.stderr, flush=True)
-                cells.append(run_cell(model, mode, args, out_dir))
+            runs = {mode: [] for mode in modes}
+            for r in range(args.rounds):
+                for mode in modes:
+                    print(f"{model} / {mode} (round {r + 1} of {args.rounds}) ...",
+                          file=sys.stderr, flush=True)
+                    runs[mode].append(run_cell(model, mode, args, out_dir,
+                                               tag=f"_round{r}" if r else ""))
+            cells.extend(merged_rounds(runs[mode]) for mode in modes)
         gradient_errors(cells)
         for cell in cells:
             cell.pop("output", None)
     print(f"training steps, batch {args.batch}, {args.steps} timed steps after {args.warmup} "
           f"warm-up steps, each (model, mode) in a fresh process"
+          f"{f', median of {args.rounds} rounds' if args.rounds > 1 else ''}"
           f"{', SMOKE sizes' if args.smoke else ''}\n")
     print(markdown(cells))
     if args.json:
         Path(args.json).write_text(json.dumps({"kind": "train_table", **harness.provenance(),
                                                "options": {
             "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "smoke": args.smoke,
+            "rounds": args.rounds,
             "autofuse_flags": harness.AUTOFUSE_FLAGS_WANTED, "xla_flags": harness.XLA_FLAGS},
             "cells": cells}, indent=1))
     return 1 if any("error" in c for c in cells) else 0

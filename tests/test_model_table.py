@@ -126,3 +126,19 @@ def test_train_table_smoke(tmp_path):
     assert cells["tf"]["fused"] == 0 and cells["autofuse"]["fused"] > 0
     assert cells["autofuse"]["kernels"] < cells["tf"]["kernels"]
     assert "| model | mode | compute kernels |" in printed
+
+
+def test_train_table_rounds_report_the_median_of_their_cells():
+    """--rounds N: one cell per (model, mode), its times and memory the median over the rounds,
+    each round's step time kept; a round that failed does not count."""
+    from benchmarks import train_table
+
+    rounds = [{"model": "m", "mode": "autofuse", "kernels": 7, "median_ms": ms,
+               "first_ms": 100.0 + ms, "peak_rss_mib": 500.0 + ms, "model_rss_mib": 50.0,
+               "grad_error": 0.1}
+              for ms in (31.0, 29.0, 36.0)] + [{"model": "m", "mode": "autofuse", "error": "x"}]
+    merged = train_table.merged_rounds(rounds)
+    assert merged["median_ms"] == 31.0 and merged["first_ms"] == 131.0
+    assert merged["peak_rss_mib"] == 531.0 and merged["kernels"] == 7
+    assert merged["round_median_ms"] == [31.0, 29.0, 36.0]
+    assert train_table.merged_rounds([{"model": "m", "error": "x"}]) == {"model": "m", "error": "x"}

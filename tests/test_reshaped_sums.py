@@ -14,8 +14,8 @@ tf1 = tf.compat.v1
 
 
 def _graph(axes=(0,), produce="matmul"):
-    """y = Reshape(Sum(x, axes), [8,3,4] or [4,3,4]) * m + 1, x [4,8,12] from a BatchMatMulV2 (or an Exp,
-    which is fused)."""
+    """y = Reshape(Sum(x, axes), [8,3,4] or [4,3,4]) * m + 1, x [4,8,12] from a BatchMatMulV2
+    (or an Exp, which is fused)."""
     graph = tf.Graph()
     with graph.as_default():
         a = tf1.placeholder(tf.float32, (4, 8, 6), name="a")

@@ -19,12 +19,12 @@ What is taken, per output of a fused kernel:
   computes `v + out` (`v - out`) with v read from h2's variable, stored into it.
 Each assignment must wait on nothing else (no control inputs), its handles must come from nodes
 with no inputs (a function's `_Arg`, a `VarHandleOp`), each variable is written once per kernel,
-and an AssignVariableOp must keep the variable's shape (validate_shape, as Keras and
-tf.Variable.assign write it): the kernel refuses any store that would change it. Then every node that had to run before the assignment
-runs before the kernel (its inputs are the kernel's, or the kernel's own outputs) and the nodes
-that waited on it wait on the kernel: moving the write into the kernel adds no edge that could
-close a cycle. An assignment whose name must stay (a function's control output, a fetch
-target) stays as a NoOp waiting on the kernel.
+and an AssignVariableOp must keep the variable's shape (validate_shape, as Keras writes
+it): the kernel refuses any store that would change it. Then every node
+that had to run before the assignment runs before the kernel (its inputs are the kernel's, or
+the kernel's own outputs) and the nodes that waited on it wait on the kernel: moving the write
+into the kernel adds no edge that could close a cycle. An assignment whose name must stay (a
+function's control output, a fetch target) stays as a NoOp waiting on the kernel.
 """
 
 from __future__ import annotations

@@ -250,7 +250,8 @@ class GraphView:
         attrs = node.attr
         if "_output_types" in attrs and index < len(attrs["_output_types"].list.type):
             return attrs["_output_types"].list.type[index]
-        if node.op in ("AutofuseKernel", "AutofuseAssignKernel") and "Tout" in attrs and index < len(attrs["Tout"].list.type):
+        if (node.op in ("AutofuseKernel", "AutofuseAssignKernel") and "Tout" in attrs
+                and index < len(attrs["Tout"].list.type)):
             return attrs["Tout"].list.type[index]
         if index != 0:
             return None
