@@ -142,3 +142,17 @@ def test_train_table_rounds_report_the_median_of_their_cells():
     assert merged["peak_rss_mib"] == 531.0 and merged["kernels"] == 7
     assert merged["round_median_ms"] == [31.0, 29.0, 36.0]
     assert train_table.merged_rounds([{"model": "m", "error": "x"}]) == {"model": "m", "error": "x"}
+
+
+def test_conv_bound_smoke():
+    """benchmarks/conv_bound.py: the convolutions' time and the whole model's, in one process,
+    and the bound they give (whole / convolutions)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "conv_bound.py"),
+                           "mobilenetv2_b1", "--quick", "--rounds", "1", "--calls", "1"],
+                          cwd=ROOT, env=_clean_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    row = proc.stdout.strip().splitlines()[-1].split("|")
+    assert row[1].strip() == "mobilenetv2_b1" and int(row[2]) > 10  # MobileNetV2: 52 convolutions
+    conv_ms, whole_ms, share = float(row[3]), float(row[4]), float(row[5])
+    assert conv_ms > 0 and whole_ms > 0 and abs(share - conv_ms / whole_ms) < 0.06
