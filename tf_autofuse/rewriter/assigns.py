@@ -64,19 +64,19 @@ def absorb_assignments(view: GraphView, plans: list, feeds: AbstractSet[str]) ->
                 if op in UPDATES:
                     take(consumer, k, taken.update)
                 elif op == ASSIGN and take(consumer, k, taken.assign):
-                    for update in _updates_reading(view, consumer):
+                    for update in _updates_reading(view, consumer, feeds):
                         take(update, k, taken.update)
         result.append(taken.plan())
     return result, refusals
 
 
-def _updates_reading(view: GraphView, assign: str) -> list:
+def _updates_reading(view: GraphView, assign: str, feeds: AbstractSet[str]) -> list:
     """The AssignAdd/SubVariableOps whose value is a ReadVariableOp of the variable `assign`
-    writes that waits on `assign` only: they add (subtract) the assigned value."""
+    writes that waits on `assign` only, and is not fed: they add (subtract) the assigned value."""
     handle = view.data_inputs(assign)[0]
     rereads = [c for c in view.control_consumers(assign)
                if view.node(c).op == "ReadVariableOp" and view.data_inputs(c) == [handle]
-               and view.control_inputs(c) == [assign]]
+               and view.control_inputs(c) == [assign] and c not in feeds]
     return [consumer for reread in rereads
             for consumer, position, _ in view.data_consumers(reread)
             if view.node(consumer).op in UPDATES and position == 1]
