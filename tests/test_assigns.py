@@ -140,12 +140,14 @@ def test_the_assign_pass_is_on_by_default_and_can_be_turned_off():
 
 def test_an_update_reading_a_fed_read_stays_a_node():
     """A ReadVariableOp the caller feeds holds the caller's value, not the stored output: the
-    AssignAddVariableOp reading it is not taken (the AssignVariableOp still is)."""
+    AssignAddVariableOp reading it is not taken, and the AssignVariableOp alone is not either."""
     graph, _, _, _ = _momentum_step()
     graph_def = graph.as_graph_def()
     shapes = {n.name: [SHAPE] for n in graph_def.node if n.op == "ReadVariableOp"}
     result = rewriter.rewrite(graph_def, preserve=["train"], shapes=shapes, feeds=["reread"])
     ops = {n.name: n.op for n in result.graph_def.node}
-    assert "assign_m" not in ops and ops["update_w"] == "AssignAddVariableOp"
+    assert ops["assign_m"] == "AssignVariableOp" and ops["update_w"] == "AssignAddVariableOp"
     (fusion,) = result.fusions
-    assert ops[fusion.name] == "AutofuseAssignKernel"
+    assert ops[fusion.name] == "AutofuseKernel"
+    assert any(node == "assign_m" and reason.startswith("a write alone")
+               for node, reason in result.refusals)

@@ -23,7 +23,9 @@ and an AssignVariableOp must keep the variable's shape (validate_shape, as Keras
 it): the kernel refuses any store that would change it. Then every node
 that had to run before the assignment runs before the kernel (its inputs are the kernel's, or
 the kernel's own outputs) and the nodes that waited on it wait on the kernel: moving the write
-into the kernel adds no edge that could close a cycle. An assignment whose name must stay (a
+into the kernel adds no edge that could close a cycle. A kernel takes writes only together with an
+update (an optimizer step): a write alone would save one cheap kernel, which looking the
+variable up and locking it cost back on small tensors. An assignment whose name must stay (a
 function's control output, a fetch target) stays as a NoOp waiting on the kernel.
 """
 
@@ -66,6 +68,13 @@ def absorb_assignments(view: GraphView, plans: list, feeds: AbstractSet[str]) ->
                 elif op == ASSIGN and take(consumer, k, taken.assign):
                     for update in _updates_reading(view, consumer, feeds):
                         take(update, k, taken.update)
+        if taken.assigns and not taken.reads:
+            # writes alone: each saves one cheap kernel, which looking the variables up and
+            # locking them cost back on small tensors (the examples' [128,192] assignment)
+            refusals.extend(Refusal(node, "a write alone (no AssignAdd/Sub of it in this "
+                                          "kernel): it stays a node of its own")
+                            for node in taken.assigns)
+            taken = _Taken(plan)
         result.append(taken.plan())
     return result, refusals
 
