@@ -154,12 +154,6 @@ absl::Status CheckSignature(const Program& program, tensorflow::DataTypeSlice ti
   return absl::OkStatus();
 }
 
-// How many program inputs an AutofuseAssignKernel reads from variables (its `reads` attr).
-size_t NumVariableReads(const tensorflow::AttrSlice& attrs) {
-  const tensorflow::AttrValue* reads = attrs.Find("reads");
-  return reads == nullptr ? 0 : static_cast<size_t>(reads->list().i_size());
-}
-
 // Parses the program and checks it against the node's types; `who` starts every message.
 absl::Status LoadProgram(const std::string& text, tensorflow::DataTypeSlice tin,
                          tensorflow::DataTypeSlice tout, size_t num_reads, const std::string& who,
@@ -305,11 +299,9 @@ absl::Status InferShapes(InferenceContext* c) {
   std::vector<ShapeHandle> views(program.inputs.size());
   for (int j = 0; j < static_cast<int>(program.inputs.size()); ++j) {
     const InputDecl& decl = program.inputs[j];
-    ShapeHandle input;
-    absl::Status status =
-        j < num_tensor_inputs ? c->Merge(c->input(j), MakeShape(c, decl.shape), &input)
-                              : absl::OkStatus();
-    if (j >= num_tensor_inputs) input = MakeShape(c, decl.shape);
+    ShapeHandle input = MakeShape(c, decl.shape);
+    absl::Status status = absl::OkStatus();
+    if (j < num_tensor_inputs) status = c->Merge(c->input(j), input, &input);
     if (!status.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "AutofuseKernel: input ", j, " has shape ", c->DebugString(c->input(j)),
@@ -358,17 +350,14 @@ class AutofuseKernelOp : public OpKernel {
   explicit AutofuseKernelOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     std::string text;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("program", &text));
+    who_ = absl::StrCat("AutofuseKernel '", ctx->def().name(), "'");
+    OP_REQUIRES_OK(ctx, VariableBindings::FromNode(ctx, &variables_));
+    num_tensor_inputs_ = ctx->num_inputs() - variables_.num_variables;
     Program program;
-    int num_variables = 0;
-    if (ctx->HasAttr("num_variables")) {
-      OP_REQUIRES_OK(ctx, ctx->GetAttr("num_variables", &num_variables));
-    }
-    num_tensor_inputs_ = ctx->num_inputs() - num_variables;
-    const tensorflow::DataTypeSlice tin = ctx->input_types().subspan(0, num_tensor_inputs_);
-    OP_REQUIRES_OK(ctx, LoadProgram(text, tin, ctx->output_types(),
-                                    NumVariableReads(ctx->def()), Who(ctx->def().name()),
+    OP_REQUIRES_OK(ctx, LoadProgram(text, ctx->input_types().subspan(0, num_tensor_inputs_),
+                                    ctx->output_types(), variables_.reads.size(), who_,
                                     &program));
-    OP_REQUIRES_OK(ctx, VariableBindings::FromNode(ctx, program, num_tensor_inputs_, &variables_));
+    OP_REQUIRES_OK(ctx, variables_.CheckOutputs(program));
     num_inputs_ = static_cast<int>(program.inputs.size());
     HoistedProgram split;
     if (SplitInvariants(program, &split)) {  // hoist.h: invariants computed once per run
@@ -417,23 +406,21 @@ class AutofuseKernelOp : public OpKernel {
     std::vector<Tensor> inputs(num_inputs_);
     for (int j = 0; j < num_tensor_inputs_; ++j) inputs[j] = ctx->input(j);
     if (!variables_.empty()) {
-      OP_REQUIRES_OK(ctx, variables.Lock(ctx, num_tensor_inputs_, variables_.num_variables,
-                                         Who(name())));
+      OP_REQUIRES_OK(ctx, variables.Lock(ctx, num_tensor_inputs_, variables_.num_variables, who_));
       for (size_t r = 0; r < variables_.reads.size(); ++r) {
-        OP_REQUIRES_OK(ctx, variables.Read(variables_.reads[r], Who(name()),
+        OP_REQUIRES_OK(ctx, variables.Read(variables_.reads[r], who_,
                                            &inputs[num_tensor_inputs_ + r]));
       }
       for (size_t k = 0; k < variables_.writes.size(); ++k) {
         if (variables_.writes[k] < 0) continue;
         OP_REQUIRES_OK(ctx, variables.CheckWrite(variables_.writes[k],
-                                                 ctx->expected_output_dtype(k), Who(name())));
+                                                 ctx->expected_output_dtype(k), who_));
       }
     }
     if (!Compute(ctx, inputs)) return;
     for (size_t k = 0; k < variables_.writes.size(); ++k) {
       if (variables_.writes[k] < 0) continue;
-      OP_REQUIRES_OK(ctx, variables.Write(variables_.writes[k], *ctx->mutable_output(k),
-                                          Who(name())));
+      OP_REQUIRES_OK(ctx, variables.Write(variables_.writes[k], *ctx->mutable_output(k), who_));
     }
   }
 
@@ -447,14 +434,14 @@ class AutofuseKernelOp : public OpKernel {
       if (j >= num_tensor_inputs_ &&
           inputs[j].dtype() != ToDataType(program.inputs[j].dtype)) {
         ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(
-            Who(name()), ": input ", j, " (a variable) has dtype ",
+            who_, ": input ", j, " (a variable) has dtype ",
             tensorflow::DataTypeString(inputs[j].dtype()), " but the program declares in", j,
             ": ", DeclString(program.inputs[j]))));
         return false;
       }
       if (!MatchesDecl(input_shape, program.inputs[j].shape)) {
         ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(
-            Who(name()), ": input ", j, j >= num_tensor_inputs_ ? " (a variable)" : "",
+            who_, ": input ", j, j >= num_tensor_inputs_ ? " (a variable)" : "",
             " has shape ", ShapeString(input_shape), " but the program declares in", j, ": ",
             DeclString(program.inputs[j]))));
         return false;
@@ -475,8 +462,7 @@ class AutofuseKernelOp : public OpKernel {
       }
       const absl::Status status = prologue_->Prepare(prologue_shapes, &prun);
       if (!status.ok()) {
-        ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(Who(name()), ": ",
-                                                               status.message())));
+        ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(who_, ": ", status.message())));
         return false;
       }
       const Program& prologue = prologue_->program();
@@ -496,8 +482,7 @@ class AutofuseKernelOp : public OpKernel {
     RunShape run;
     const absl::Status status = interpreter_->Prepare(shapes, &run);
     if (!status.ok()) {
-      ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(Who(name()), ": ",
-                                                             status.message())));
+      ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(who_, ": ", status.message())));
       return false;
     }
 
@@ -652,11 +637,7 @@ class AutofuseKernelOp : public OpKernel {
     return false;
   }
 
-  // The messages' subject: "AutofuseKernel 'name'".
-  static std::string Who(const std::string& node) {
-    return absl::StrCat("AutofuseKernel '", node, "'");
-  }
-
+  std::string who_;            // the messages' subject: "AutofuseKernel 'name'"
   int num_inputs_ = 0;         // the program's: the node's tensor inputs, then variable reads
   int num_tensor_inputs_ = 0;  // the node's inputs before the variables' handles
   VariableBindings variables_;  // an AutofuseAssignKernel's; empty otherwise

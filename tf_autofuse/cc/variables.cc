@@ -12,24 +12,12 @@ using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 
-absl::Status VariableBindings::FromNode(OpKernelConstruction* ctx, const Program& program,
-                                        int num_tensor_inputs, VariableBindings* out) {
+absl::Status VariableBindings::FromNode(OpKernelConstruction* ctx, VariableBindings* out) {
   *out = VariableBindings();
   if (!ctx->HasAttr("num_variables")) return absl::OkStatus();
   TF_RETURN_IF_ERROR(ctx->GetAttr("num_variables", &out->num_variables));
   TF_RETURN_IF_ERROR(ctx->GetAttr("reads", &out->reads));
   TF_RETURN_IF_ERROR(ctx->GetAttr("writes", &out->writes));
-  const int num_inputs = static_cast<int>(program.inputs.size());
-  if (num_tensor_inputs + static_cast<int>(out->reads.size()) != num_inputs) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the node has ", num_tensor_inputs, " tensor input(s) and ", out->reads.size(),
-        " variable read(s) but the program declares ", num_inputs, " input(s)"));
-  }
-  if (!out->writes.empty() && out->writes.size() != program.outputs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "`writes` has ", out->writes.size(), " entries for ", program.outputs.size(),
-        " output(s)"));
-  }
   for (int v : out->reads) {
     if (v < 0 || v >= out->num_variables) {
       return absl::InvalidArgumentError(absl::StrCat("`reads` names variable ", v, " of ",
@@ -41,6 +29,15 @@ absl::Status VariableBindings::FromNode(OpKernelConstruction* ctx, const Program
       return absl::InvalidArgumentError(absl::StrCat("`writes` names variable ", v, " of ",
                                                      out->num_variables));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VariableBindings::CheckOutputs(const Program& program) const {
+  if (!writes.empty() && writes.size() != program.outputs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("`writes` has ", writes.size(),
+                                                   " entries for ", program.outputs.size(),
+                                                   " output(s)"));
   }
   return absl::OkStatus();
 }

@@ -33,9 +33,11 @@ struct VariableBindings {
   std::vector<int> writes;  // per output, -1 for none; empty: no output is stored
 
   bool empty() const { return num_variables == 0; }
-  // From the node's attrs (none when it has no `num_variables`), checked against the program.
-  static absl::Status FromNode(tensorflow::OpKernelConstruction* ctx, const Program& program,
-                               int num_tensor_inputs, VariableBindings* out);
+  // From the node's attrs (none when it has no `num_variables`), each index in range.
+  static absl::Status FromNode(tensorflow::OpKernelConstruction* ctx, VariableBindings* out);
+  // `writes` has one entry per output of `program`, or none. (The program's input count is
+  // checked with the node's signature: Tin, then `reads`.)
+  absl::Status CheckOutputs(const Program& program) const;
 };
 
 // The variables of one run, looked up and locked; unlocked when destroyed.
