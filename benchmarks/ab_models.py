@@ -39,8 +39,10 @@ if str(ROOT) not in sys.path:
 
 
 def fused(kernels) -> int:
-    """How many of the counted kernels are tf_autofuse's (both fused op types)."""
-    return kernels.get("AutofuseKernel", 0) + kernels.get("AutofuseAssignKernel", 0)
+    """How many of the counted kernels (op type -> count) are tf_autofuse's."""
+    from benchmarks import harness
+
+    return sum(kernels.get(op, 0) for op in harness.AUTOFUSE_OPS)
 
 
 def main(argv=None) -> int:

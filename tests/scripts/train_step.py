@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_autofuse import profiling
+from tf_autofuse.rewriter import FUSED_OPS
 
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "elu", "selu", "softplus")
 STEPS = 3
@@ -72,8 +73,7 @@ def main(out_path, model_name="dense"):
         return loss, grads
 
     graphs = [g for g in profiling.executed_function_graphs(train_step, x, y)
-              if any(n.op.endswith("Grad") or n.op in ("AutofuseKernel", "AutofuseAssignKernel")
-                                                           for n in g.node)]
+              if any(n.op.endswith("Grad") or n.op in FUSED_OPS for n in g.node)]
     losses, gradients = [], []
     for _ in range(steps):
         loss, grads = train_step(x, y)
@@ -83,8 +83,7 @@ def main(out_path, model_name="dense"):
     np.savez(out_path, losses=np.array(losses), gradients=np.array(gradients), weights=weights)
     print(json.dumps({
         "ops": sorted({n.op for g in graphs for n in g.node}),
-        "kernels": sorted(n.name for g in graphs for n in g.node
-                          if n.op in ("AutofuseKernel", "AutofuseAssignKernel")),
+        "kernels": sorted(n.name for g in graphs for n in g.node if n.op in FUSED_OPS),
     }))
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from .._warn import warn_once
-from ..rewriter.splice import FUSED_OPS
+from ..rewriter.naming import FUSED_OPS
 from . import build as _build
 from .ascendc import Kernel, generate, precision_blacklist
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
 from .._warn import warn_once
-from ..rewriter.splice import FUSED_OPS
+from ..rewriter.naming import FUSED_OPS
 from . import build as _build
 from . import cann as _cann
 from . import cube as _cube

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ..rewriter.splice import FUSED_OPS
+from ..rewriter.naming import FUSED_OPS
 from . import cube
 from .kernel import Kernel
 

@@ -15,7 +15,7 @@
     assigns.py    variable writes of fused outputs carried out by their kernel (optimizer steps)
     passes.py     the IR passes (simplify, hoist) every kernel's program gets before printing
     scope.py      disable_autofuse(): the attr that keeps nodes out of every fusion
-    naming.py     autofuse_<kind>_<n>_<Op>_<Op>...
+    naming.py     autofuse_<kind>_<n>_<Op>_<Op>..., and the fused op types
     errors.py     what an unexpected exception becomes (a group's refusal, or AutofuseError)
     splice.py     the new GraphDef
 """
@@ -32,7 +32,7 @@ from . import catalog, cost, errors, passes
 from .errors import AutofuseError
 from .graph import GraphView, Shape, node_name
 from .lower import Unfusible, build, keeps_name, reads_view_node
-from .naming import Namer
+from .naming import FUSED_OP, FUSED_OPS, Namer
 from .assigns import absorb_assignments
 from .output_views import absorb_output_views
 from .epilogue import OPERATORS, Epilogue, fuse_epilogues
@@ -40,7 +40,7 @@ from .pads import fold_pads
 from .reshaped_sums import reshape_sums
 from .partition import Policy, Refusal, find_groups, lowering, plan_recomputation
 from .patterns import Pattern, PatternGraph, apply_patterns
-from .splice import FUSED_OP, FUSED_OPS, Planned, splice
+from .splice import Planned, splice
 from .unfold import FOLDED_OPS, alone, original_names, refold_graph, unfold_graph
 
 DEFAULTS = Policy()  # the one place the limits' defaults are written: partition.Policy

@@ -21,6 +21,7 @@ from typing import AbstractSet, Mapping, Optional, Sequence
 from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_shape_pb2
 
 from . import catalog
+from .naming import FUSED_OPS
 
 Shape = Optional[tuple]  # None: unknown rank
 Tensor = tuple  # (node name, output index)
@@ -250,8 +251,7 @@ class GraphView:
         attrs = node.attr
         if "_output_types" in attrs and index < len(attrs["_output_types"].list.type):
             return attrs["_output_types"].list.type[index]
-        if (node.op in ("AutofuseKernel", "AutofuseAssignKernel") and "Tout" in attrs
-                and index < len(attrs["Tout"].list.type)):
+        if node.op in FUSED_OPS and "Tout" in attrs and index < len(attrs["Tout"].list.type):
             return attrs["Tout"].list.type[index]
         if index != 0:
             return None

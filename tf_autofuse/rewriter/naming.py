@@ -1,4 +1,4 @@
-"""Fused kernel names: autofuse_<kind>_<n>_<OpType>_<OpType>...
+"""Fused kernel names, autofuse_<kind>_<n>_<OpType>_<OpType>..., and the op types of fused nodes.
 
 n counts from 0 per graph in the order names are asked for. When the graph already holds
 autofuse_*_<n>_* nodes (the pass ran before), counting starts after the largest n, and a
@@ -14,6 +14,11 @@ _EXISTING = re.compile(r"autofuse_[A-Za-z]+_(\d+)(?:_|$)")
 
 # The kind words of kernel names: "pointwise" (no reduction), "reduce" (a reduction).
 KINDS = ("pointwise", "reduce")
+
+# The op types of fused nodes (cc/kernel.cc registers both).
+FUSED_OP = "AutofuseKernel"
+ASSIGN_OP = "AutofuseAssignKernel"  # a fused kernel that also writes variables (assigns.py)
+FUSED_OPS = frozenset({FUSED_OP, ASSIGN_OP})
 
 
 class Namer:

@@ -20,10 +20,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from .graph import GraphView, Tensor, parse_input, tensor_name
 from .lower import Lowered
-
-FUSED_OP = "AutofuseKernel"
-ASSIGN_OP = "AutofuseAssignKernel"  # a fused kernel that also writes variables
-FUSED_OPS = frozenset({FUSED_OP, ASSIGN_OP})
+from .naming import ASSIGN_OP, FUSED_OP
 
 
 @dataclasses.dataclass(frozen=True)
