@@ -9,6 +9,7 @@
                   TensorFlow's own fused kernels (_FusedConv2D, ...), run before the partitioner
     pads.py       a zero Pad before a convolution read as the convolution's explicit padding
     reshaped_sums.py  a Reshape of a Sum over leading axes read as the Sum of a Reshape
+    editor.py     the graph edits of those passes (new nodes, unique names, static shapes)
     unfold.py     TensorFlow's fused elementwise nodes (oneDNN's _MklSwish) read as their ops
     lower.py      a set of nodes -> its FusedProgram (program.py), inputs, outputs; or why not
     output_views.py  a Reshape (Squeeze, ExpandDims) of a fused output stored as its view

@@ -13,7 +13,7 @@ Taken when the Sum drops leading axes of a static-shaped x and the Reshape is it
 neither waits on or is waited on by anything, and x comes from a node that is not fused (an
 operator: BatchMatMulV2, MatMul, a convolution), so that the new Reshape never stands between a
 fused producer and the Sum. The Reshape's node becomes the Sum (name and value unchanged); the
-new Reshape is `<name>/summed`.
+new Reshape is `<name>/summed` (a Reshape whose name makes that taken is left alone).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 
 from . import catalog, scope
+from .editor import Editor
 from .graph import GraphView, tensor_name
 
 
@@ -35,48 +36,29 @@ def reshape_sums(graph_def: graph_pb2.GraphDef, shapes: Optional[Mapping[str, Se
         return graph_def, shapes, []
     view = GraphView(graph_def, shapes)
     protected = scope.kept_out(view, policy)
-    replaced, added, removed, new_shapes = {}, [], set(), dict(shapes or {})
+    editor = Editor(view, shapes)
     for name in view.order:
         found = _reshaped_sum(view, name, protected)
         if found is None:
             continue
         total, x, lead, target = found
-        summed = f"{name}/summed"
-        if summed in view or f"{summed}_shape" in view:
+        if f"{name}/summed" in view or f"{name}/summed_shape" in view:
             continue
         node, sum_node = view.node(name), view.node(total)
-        shape_const = node_def_pb2.NodeDef(name=f"{summed}_shape", op="Const",
-                                           device=node.device)
-        shape_const.attr["dtype"].type = types_pb2.DT_INT32
-        value = shape_const.attr["value"].tensor
-        value.dtype = types_pb2.DT_INT32
-        value.tensor_shape.dim.add().size = len(lead) + len(target)
-        value.int_val.extend(int(d) for d in lead + target)
-        reshape = node_def_pb2.NodeDef(name=summed, op="Reshape", device=node.device,
-                                       input=[tensor_name(x), shape_const.name])
-        reshape.attr["T"].CopyFrom(sum_node.attr["T"])
-        reshape.attr["Tshape"].type = types_pb2.DT_INT32
+        split = lead + target
+        shape = editor.const(f"{name}/summed_shape", np.array(split, np.int32), node.device)
+        reshape = editor.node(f"{name}/summed", "Reshape", [x, shape], node.device, split,
+                              T=sum_node.attr["T"].type, Tshape=types_pb2.DT_INT32)
         new_sum = node_def_pb2.NodeDef(name=name, op="Sum", device=node.device,
-                                       input=[reshape.name, sum_node.input[1]])
+                                       input=[tensor_name(reshape), sum_node.input[1]])
         for key in ("T", "Tidx", "keep_dims"):
             if key in sum_node.attr:
                 new_sum.attr[key].CopyFrom(sum_node.attr[key])
-        replaced[name] = new_sum
-        added.append((total, [shape_const, reshape]))
-        removed.add(total)
-        new_shapes[summed] = [tuple(lead + target)]
-        new_shapes[shape_const.name] = [(len(lead) + len(target),)]
-    if not replaced:
+        editor.replaced[name] = new_sum
+        editor.removed.add(total)
+    if not editor.replaced:
         return graph_def, shapes, []
-    out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(graph_def.versions)
-    out.library.CopyFrom(graph_def.library)
-    before = dict(added)
-    for node in graph_def.node:
-        out.node.extend(before.get(node.name, ()))
-        if node.name not in removed:
-            out.node.append(replaced.get(node.name, node))
-    return out, new_shapes, sorted(replaced)
+    return editor.graph(graph_def, protected), editor.shapes, sorted(editor.replaced)
 
 
 def _reshaped_sum(view: GraphView, name: str, protected) -> Optional[tuple]:
