@@ -19,14 +19,14 @@ What is taken, per output of a fused kernel:
   computes `v + out` (`v - out`) with v read from h2's variable, stored into it.
 Each assignment must wait on nothing else (no control inputs), its handles must come from nodes
 with no inputs (a function's `_Arg`, a `VarHandleOp`), each variable is written once per kernel,
-and an AssignVariableOp must keep the variable's shape (validate_shape, as Keras writes
-it): the kernel refuses any store that would change it. Then every node
-that had to run before the assignment runs before the kernel (its inputs are the kernel's, or
-the kernel's own outputs) and the nodes that waited on it wait on the kernel: moving the write
-into the kernel adds no edge that could close a cycle. A kernel takes writes only together with an
-update (an optimizer step): a write alone would save one cheap kernel, which looking the
-variable up and locking it cost back on small tensors. An assignment whose name must stay (a
-function's control output, a fetch target) stays as a NoOp waiting on the kernel.
+and an AssignVariableOp must keep the variable's shape (validate_shape, as Keras writes it): the
+kernel refuses any store that would change it. Then every node that had to run before the
+assignment runs before the kernel (its inputs are the kernel's, or the kernel's own outputs) and
+the nodes that waited on it wait on the kernel: moving the write into the kernel adds no edge
+that could close a cycle. A kernel takes writes only together with an update (an optimizer
+step): a write alone would save one cheap kernel, which looking the variable up and locking it
+cost back on small tensors. An assignment whose name must stay (a function's control output, a
+fetch target) stays as a NoOp waiting on the kernel.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import AbstractSet, Optional
 
-import numpy as np
-
+from . import catalog
 from . import program as ir
 from .graph import GraphView, Tensor
 from .partition import Refusal
@@ -74,7 +73,8 @@ def absorb_assignments(view: GraphView, plans: list, feeds: AbstractSet[str]) ->
             refusals.extend(Refusal(node, "a write alone (no AssignAdd/Sub of it in this "
                                           "kernel): it stays a node of its own")
                             for node in taken.assigns)
-            taken = _Taken(plan)
+            result.append(plan)
+            continue
         result.append(taken.plan())
     return result, refusals
 
@@ -183,7 +183,7 @@ def _computed_shape(program: ir.FusedProgram, ref: ir.Ref) -> Optional[tuple]:
     shapes = [program.read_shape(j) for j in range(len(program.inputs))]
     if any(s is None or any(d < 0 for d in s) for s in shapes):
         return None
-    iteration = tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    iteration = catalog.broadcast_shapes(shapes)  # the program's inputs do broadcast
     if program.is_reduced(ref):
         axes = program.reduce_axes()
         iteration = tuple(1 if a in axes else d for a, d in enumerate(iteration))
