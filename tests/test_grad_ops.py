@@ -273,12 +273,20 @@ def test_bias_add_grad_refusals_say_why():
 # --- a training step ----------------------------------------------------------------------------
 
 
-def test_keras_training_step_fuses_its_gradient_ops(tmp_path):
+def _train_step(tmp_path, model: str) -> tuple:
+    """tests/scripts/train_step.py MODEL run fused (with the reduce pass) and unfused, each in a
+    fresh process: (fused report, unfused report, fused arrays, unfused arrays)."""
     script = ROOT / "tests/scripts/train_step.py"
-    on = json.loads(python([script, tmp_path / "on.npz"],
+    on = json.loads(python([script, tmp_path / "on.npz", model],
                            "--enable_autofuse=true;--autofuse_enable_pass=reduce",
                            tmp_path).splitlines()[-1])
-    off = json.loads(python([script, tmp_path / "off.npz"], None, tmp_path).splitlines()[-1])
+    off = json.loads(python([script, tmp_path / "off.npz", model], None,
+                            tmp_path).splitlines()[-1])
+    return on, off, np.load(tmp_path / "on.npz"), np.load(tmp_path / "off.npz")
+
+
+def test_keras_training_step_fuses_its_gradient_ops(tmp_path):
+    on, off, fused, unfused = _train_step(tmp_path, "dense")
     gradient_ops = {op for op in off["ops"]
                     if catalog.tf_op(op) is not None and catalog.tf_op(op).reference is not None}
     # Keras' relu, sigmoid, tanh, elu and selu layers and their biases (its softplus'
@@ -288,7 +296,6 @@ def test_keras_training_step_fuses_its_gradient_ops(tmp_path):
     assert not gradient_ops & set(on["ops"]), on["ops"]
     for op in gradient_ops:
         assert any(f"_{op}_" in name for name in on["kernels"]), (op, on["kernels"])
-    fused, unfused = np.load(tmp_path / "on.npz"), np.load(tmp_path / "off.npz")
     for key in ("losses", "gradients", "weights"):
         np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
@@ -298,19 +305,13 @@ def test_keras_batch_norm_training_step_leaves_no_gradient_plumbing(tmp_path):
     back into dx through Tiles of reduced values and RsqrtGrad, which greedy merging alone left
     out (each merge closed a cycle through the other); the partitioner's second round takes
     them. The steps' numbers are the unfused run's."""
-    script = ROOT / "tests/scripts/train_step.py"
-    on = json.loads(python([script, tmp_path / "on.npz", "conv_bn"],
-                           "--enable_autofuse=true;--autofuse_enable_pass=reduce",
-                           tmp_path).splitlines()[-1])
-    off = json.loads(python([script, tmp_path / "off.npz", "conv_bn"], None,
-                            tmp_path).splitlines()[-1])
+    on, off, fused, unfused = _train_step(tmp_path, "conv_bn")
     assert {"Tile", "RsqrtGrad", "ReluGrad"} <= set(off["ops"]), off["ops"]
     # (what stays: the optimizer's int64 step count AddV2, the pooling's Mean and the Tile and
     # scaling of its gradient, which has no reduction of the same axes to join)
     assert not {"RsqrtGrad", "ReluGrad", "Sub", "AddN", "Sum"} & set(on["ops"]), on["ops"]
     tiled = [k for k in on["kernels"] if "_Tile_" in k and "_RsqrtGrad" not in k]
     assert len(tiled) == 2, on["kernels"]  # each BatchNormalization's dx: one kernel
-    fused, unfused = np.load(tmp_path / "on.npz"), np.load(tmp_path / "off.npz")
     for key in ("losses", "gradients", "weights"):
         np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-4, atol=1e-5, err_msg=key)
 
@@ -319,15 +320,9 @@ def test_a_small_conv_net_trains_as_tensorflow_does(tmp_path):
     """10 steps of SGD with momentum of a conv net with BatchNormalization and swish: the loss
     curve is TensorFlow's to 5 digits, and the optimizer's writes are carried out by fused
     kernels (AutofuseAssignKernel): no AssignAddVariableOp is left."""
-    script = ROOT / "tests/scripts/train_step.py"
-    on = json.loads(python([script, tmp_path / "on.npz", "conv_swish"],
-                           "--enable_autofuse=true;--autofuse_enable_pass=reduce",
-                           tmp_path).splitlines()[-1])
-    off = json.loads(python([script, tmp_path / "off.npz", "conv_swish"], None,
-                            tmp_path).splitlines()[-1])
+    on, off, fused, unfused = _train_step(tmp_path, "conv_swish")
     assert "AssignAddVariableOp" in off["ops"] and "AssignAddVariableOp" not in on["ops"]
     assert "AutofuseAssignKernel" in on["ops"], on["ops"]
-    fused, unfused = np.load(tmp_path / "on.npz"), np.load(tmp_path / "off.npz")
     assert len(fused["losses"]) == 10 and fused["losses"][-1] < fused["losses"][0]
     np.testing.assert_allclose(fused["losses"], unfused["losses"], rtol=1e-5)
     np.testing.assert_allclose(fused["weights"], unfused["weights"], rtol=1e-4, atol=1e-5)
